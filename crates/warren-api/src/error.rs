@@ -1,0 +1,68 @@
+//! The one error body every non-2xx answer carries.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Machine-readable error code. The HTTP status is derived from it in one
+/// place ([`ErrorCode::http_status`]) so the mapping cannot drift.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The request body or a parameter is malformed or out of range; `field` names it.
+    InvalidRequest,
+    /// The backend exists in the API but this server cannot run it yet.
+    UnsupportedBackend,
+    /// The operation exists but the sandbox's backend cannot perform it.
+    Unsupported,
+    NotFound,
+    /// The sandbox has ended; `message` carries the end reason.
+    SandboxEnded,
+    /// The idempotency key was used before with a different request.
+    IdempotencyConflict,
+    /// The node has no room for the sandbox right now.
+    CapacityExceeded,
+    /// A path inside the sandbox does not exist.
+    FileNotFound,
+    /// A path inside the sandbox exists where it must not, or has the wrong type.
+    FileConflict,
+    /// The sandbox's writable layer is full.
+    NoSpace,
+    ImageNotFound,
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::InvalidRequest => 400,
+            ErrorCode::UnsupportedBackend | ErrorCode::Unsupported => 501,
+            ErrorCode::NotFound | ErrorCode::FileNotFound | ErrorCode::ImageNotFound => 404,
+            ErrorCode::SandboxEnded => 410,
+            ErrorCode::IdempotencyConflict | ErrorCode::FileConflict => 409,
+            ErrorCode::CapacityExceeded => 503,
+            ErrorCode::NoSpace => 507,
+            ErrorCode::Internal => 500,
+        }
+    }
+}
+
+/// `{code, message, field?}`: the body of every 4xx and 5xx answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, thiserror::Error)]
+#[error("{code:?}: {message}")]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub message: String,
+    /// The request field (dotted path) the error is about, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ApiError { code, message: message.into(), field: None }
+    }
+
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError { code: ErrorCode::InvalidRequest, message: message.into(), field: Some(field.into()) }
+    }
+}

@@ -1,0 +1,300 @@
+//! Sandboxes: the create request, the info record, states and end reasons.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::error::ApiError;
+
+/// Which isolation technology runs the sandbox. One parameter moves a task
+/// between backends; only `container` runs in this release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    Function,
+    #[default]
+    Container,
+    Microvm,
+    Vm,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Function => "function",
+            Backend::Container => "container",
+            Backend::Microvm => "microvm",
+            Backend::Vm => "vm",
+        }
+    }
+}
+
+/// What the sandbox's network namespace contains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkMode {
+    /// An empty network namespace: not even loopback is up.
+    #[default]
+    None,
+    /// A private network namespace with only `lo` up.
+    Loopback,
+}
+
+pub const DEFAULT_IMAGE: &str = "default";
+
+/// `POST /v1/sandboxes`. Unknown fields are rejected with the field named.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandboxRequest {
+    #[serde(default)]
+    pub backend: Backend,
+    /// Image name, e.g. `default` or `busybox`.
+    #[serde(default = "default_image")]
+    pub image: String,
+    /// CPU cores (fractions allowed), enforced as a CFS quota.
+    #[serde(default = "default_cpus")]
+    pub cpus: f64,
+    #[serde(default = "default_memory_mib")]
+    pub memory_mib: u64,
+    /// Size of the writable layer.
+    #[serde(default = "default_disk_mib")]
+    pub disk_mib: u64,
+    /// Maximum number of processes and threads.
+    #[serde(default = "default_pids")]
+    pub pids: u32,
+    /// Environment every exec in the sandbox starts with.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// End the sandbox after this long without an API call touching it.
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout_secs: u64,
+    /// End the sandbox this long after creation, whatever it is doing.
+    #[serde(default = "default_lifetime")]
+    pub lifetime_secs: u64,
+    #[serde(default)]
+    pub network: NetworkMode,
+    /// The same key always answers with the same sandbox, never a second one.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+fn default_image() -> String {
+    DEFAULT_IMAGE.to_string()
+}
+fn default_cpus() -> f64 {
+    1.0
+}
+fn default_memory_mib() -> u64 {
+    512
+}
+fn default_disk_mib() -> u64 {
+    1024
+}
+fn default_pids() -> u32 {
+    512
+}
+fn default_idle_timeout() -> u64 {
+    900
+}
+fn default_lifetime() -> u64 {
+    6 * 3600
+}
+
+pub const MAX_CPUS: f64 = 64.0;
+pub const MIN_MEMORY_MIB: u64 = 16;
+pub const MAX_MEMORY_MIB: u64 = 1024 * 1024;
+pub const MIN_DISK_MIB: u64 = 1;
+pub const MAX_DISK_MIB: u64 = 1024 * 1024;
+pub const MIN_PIDS: u32 = 8;
+pub const MAX_PIDS: u32 = 1 << 20;
+pub const MAX_TIMEOUT_SECS: u64 = 30 * 24 * 3600;
+
+impl Default for CreateSandboxRequest {
+    fn default() -> Self {
+        CreateSandboxRequest {
+            backend: Backend::default(),
+            image: default_image(),
+            cpus: default_cpus(),
+            memory_mib: default_memory_mib(),
+            disk_mib: default_disk_mib(),
+            pids: default_pids(),
+            env: BTreeMap::new(),
+            labels: BTreeMap::new(),
+            idle_timeout_secs: default_idle_timeout(),
+            lifetime_secs: default_lifetime(),
+            network: NetworkMode::default(),
+            idempotency_key: None,
+        }
+    }
+}
+
+impl CreateSandboxRequest {
+    /// Checks ranges; the error names the first offending field.
+    pub fn validate(&self) -> Result<(), ApiError> {
+        if self.image.is_empty() || self.image.len() > 256 {
+            return Err(ApiError::invalid("image", "must be 1-256 characters"));
+        }
+        if !(self.cpus.is_finite() && self.cpus >= 0.01 && self.cpus <= MAX_CPUS) {
+            return Err(ApiError::invalid("cpus", format!("must be between 0.01 and {MAX_CPUS}")));
+        }
+        if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&self.memory_mib) {
+            return Err(ApiError::invalid(
+                "memory_mib",
+                format!("must be between {MIN_MEMORY_MIB} and {MAX_MEMORY_MIB}"),
+            ));
+        }
+        if !(MIN_DISK_MIB..=MAX_DISK_MIB).contains(&self.disk_mib) {
+            return Err(ApiError::invalid(
+                "disk_mib",
+                format!("must be between {MIN_DISK_MIB} and {MAX_DISK_MIB}"),
+            ));
+        }
+        if !(MIN_PIDS..=MAX_PIDS).contains(&self.pids) {
+            return Err(ApiError::invalid("pids", format!("must be between {MIN_PIDS} and {MAX_PIDS}")));
+        }
+        if self.idle_timeout_secs == 0 || self.idle_timeout_secs > MAX_TIMEOUT_SECS {
+            return Err(ApiError::invalid("idle_timeout_secs", format!("must be between 1 and {MAX_TIMEOUT_SECS}")));
+        }
+        if self.lifetime_secs == 0 || self.lifetime_secs > MAX_TIMEOUT_SECS {
+            return Err(ApiError::invalid("lifetime_secs", format!("must be between 1 and {MAX_TIMEOUT_SECS}")));
+        }
+        validate_env(&self.env, "env")?;
+        for (k, v) in &self.labels {
+            if k.is_empty() || k.len() > 128 || v.len() > 1024 {
+                return Err(ApiError::invalid(format!("labels.{k}"), "keys are 1-128 bytes, values at most 1024"));
+            }
+        }
+        if let Some(key) = &self.idempotency_key {
+            if key.is_empty() || key.len() > 256 {
+                return Err(ApiError::invalid("idempotency_key", "must be 1-256 characters"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Environment names must be non-empty and free of `=` and NUL; values free of NUL.
+pub fn validate_env(env: &BTreeMap<String, String>, field: &str) -> Result<(), ApiError> {
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(ApiError::invalid(format!("{field}.{k}"), "name must be non-empty without '=' or NUL"));
+        }
+        if v.contains('\0') {
+            return Err(ApiError::invalid(format!("{field}.{k}"), "value must not contain NUL"));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    /// Being made; bounded by the create deadline.
+    Creating,
+    Running,
+    /// Being torn down; bounded by the teardown deadline.
+    Ending,
+    /// Gone; `end_reason` says why.
+    Ended,
+}
+
+/// Why a sandbox ended. Every ended sandbox has exactly one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// A client deleted it.
+    Deleted,
+    /// No API call touched it for `idle_timeout_secs`.
+    IdleTimeout,
+    /// It reached `lifetime_secs`.
+    Lifetime,
+    /// Its init was killed by the out-of-memory killer.
+    Oom,
+    /// Its init exited or was killed for another reason.
+    InitDied,
+    /// The server restarted and could not re-adopt it.
+    NodeRestarted,
+    /// Creation failed; `end_message` says where.
+    CreateFailed,
+}
+
+/// Resources the sandbox asked for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Resources {
+    pub cpus: f64,
+    pub memory_mib: u64,
+    pub disk_mib: u64,
+    pub pids: u32,
+}
+
+/// Resources the sandbox uses now (running sandboxes only).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, Default)]
+pub struct Usage {
+    pub memory_bytes: u64,
+    pub memory_peak_bytes: u64,
+    pub cpu_time_secs: f64,
+    pub pids: u64,
+    /// Bytes used in the writable layer.
+    pub disk_bytes: u64,
+}
+
+/// `GET /v1/sandboxes/{id}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub backend: Backend,
+    pub image: String,
+    pub state: SandboxState,
+    pub resources: Resources,
+    pub network: NetworkMode,
+    pub labels: BTreeMap<String, String>,
+    pub idle_timeout_secs: u64,
+    pub lifetime_secs: u64,
+    /// Unix time in milliseconds.
+    pub created_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_ms: Option<u64>,
+    pub last_activity_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_reason: Option<EndReason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// True when the sandbox was claimed from a warm pool.
+    pub from_pool: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SandboxList {
+    pub sandboxes: Vec<SandboxInfo>,
+}
+
+/// `GET /v1/images`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ImageInfo {
+    pub name: String,
+    /// Layer ids, bottom first.
+    pub layers: Vec<String>,
+    pub created_at_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ImageList {
+    pub images: Vec<ImageInfo>,
+}
+
+/// `GET /v1/health`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    pub status: String,
+    pub version: String,
+    pub sandboxes_running: u64,
+}

@@ -1,0 +1,1 @@
+//! (container driver: being written)

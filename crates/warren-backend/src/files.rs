@@ -1,0 +1,1 @@
+//! (file operations: being written)

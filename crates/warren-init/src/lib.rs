@@ -1,0 +1,13 @@
+//! The in-sandbox agent: PID 1 of every container sandbox (later also of VMs).
+//!
+//! Owns: building the sandbox from inside (namespaces it enters, its mounts,
+//! `pivot_root`, masks, capability drop), reaping orphans, running commands
+//! with their output streamed back, and killing whole process trees on
+//! request. The library half is the wire protocol shared with the node side.
+//!
+//! Invariants: talks to the node only over file descriptors it inherited
+//! (the setup socket and the control listener); never execs a binary of the
+//! image for platform work; writes no logs inside the sandbox.
+//! Never: trusts a peer that lives inside the sandbox's own pid namespace.
+
+pub mod proto;

@@ -1,0 +1,218 @@
+//! Wire protocol between the node (host side) and `warren-init`.
+//!
+//! Framing, in both directions: one byte kind, a big-endian `u32` payload
+//! length, then the payload. Control payloads are JSON; output payloads are
+//! raw bytes. Every exec uses its own connection to the control listener, so
+//! no multiplexing is needed and a dropped connection kills its process tree.
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// Largest frame either side accepts; bigger frames are a protocol error.
+pub const MAX_FRAME_BYTES: u32 = 16 << 20;
+
+/// The fd number at which init inherits the setup socket.
+pub const SETUP_FD: i32 = 3;
+/// The fd number at which init inherits the control listener (a bound,
+/// listening unix stream socket whose path only the host can reach).
+pub const LISTEN_FD: i32 = 4;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    // host -> init
+    /// JSON [`Request`].
+    Request = 1,
+    /// Raw stdin bytes for the running exec.
+    Stdin = 2,
+    /// Stdin is finished (empty payload).
+    StdinEof = 3,
+    /// Kill the exec's whole process tree (empty payload).
+    Kill = 4,
+    // init -> host
+    /// JSON [`Response`].
+    Response = 10,
+    Stdout = 11,
+    Stderr = 12,
+}
+
+impl FrameKind {
+    pub fn from_u8(b: u8) -> Option<FrameKind> {
+        Some(match b {
+            1 => FrameKind::Request,
+            2 => FrameKind::Stdin,
+            3 => FrameKind::StdinEof,
+            4 => FrameKind::Kill,
+            10 => FrameKind::Response,
+            11 => FrameKind::Stdout,
+            12 => FrameKind::Stderr,
+            _ => return None,
+        })
+    }
+}
+
+/// First frame on every control connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Liveness check; answered with [`Response::Pong`].
+    Ping,
+    /// Start a process. Answered with `Started`, then `Stdout`/`Stderr`
+    /// frames, then `Exited`.
+    Exec(ExecSpec),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecSpec {
+    /// Program and arguments; `argv[0]` is looked up in `PATH` of `env` when
+    /// it has no slash.
+    pub argv: Vec<String>,
+    /// The complete environment of the process (nothing is inherited).
+    pub env: BTreeMap<String, String>,
+    pub cwd: String,
+    /// When set, `argv` must be a shell command for `/bin/sh -c`: init runs
+    /// it so that the shell's final working directory and exported
+    /// environment come back in [`Exited::session_state`].
+    pub capture_session_state: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Response {
+    Pong { init_version: String },
+    /// The process runs; `pid` as seen inside the sandbox.
+    Started { pid: i32 },
+    Exited(Exited),
+    /// The request failed before a process ran (e.g. no such program).
+    Error { message: String, not_found: bool },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Exited {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// True when init killed the tree because of a `Kill` frame.
+    pub killed: bool,
+    pub cpu_user_us: u64,
+    pub cpu_system_us: u64,
+    pub max_rss_bytes: u64,
+    pub session_state: Option<SessionState>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionState {
+    pub cwd: String,
+    pub env: BTreeMap<String, String>,
+}
+
+pub fn write_frame(w: &mut impl Write, kind: FrameKind, payload: &[u8]) -> io::Result<()> {
+    let len = u32::try_from(payload.len()).map_err(|_| io::Error::other("frame too large"))?;
+    let mut header = [0u8; 5];
+    header[0] = kind as u8;
+    header[1..].copy_from_slice(&len.to_be_bytes());
+    w.write_all(&header)?;
+    w.write_all(payload)?;
+    w.flush()
+}
+
+pub fn write_json<T: Serialize>(w: &mut impl Write, kind: FrameKind, value: &T) -> io::Result<()> {
+    let payload = serde_json::to_vec(value).map_err(io::Error::other)?;
+    write_frame(w, kind, &payload)
+}
+
+/// Reads one frame; `Ok(None)` on a clean end of stream between frames.
+pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(FrameKind, Vec<u8>)>> {
+    let mut header = [0u8; 5];
+    let mut got = 0;
+    while got < header.len() {
+        match r.read(&mut header[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "truncated frame header")),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    parse_header_and_read(header, r).map(Some)
+}
+
+fn parse_header_and_read(header: [u8; 5], r: &mut impl Read) -> io::Result<(FrameKind, Vec<u8>)> {
+    let (kind, len) = parse_header(header)?;
+    let mut payload = vec![0u8; len as usize];
+    r.read_exact(&mut payload)?;
+    Ok((kind, payload))
+}
+
+/// Validates a frame header; shared by the blocking and the async readers.
+pub fn parse_header(header: [u8; 5]) -> io::Result<(FrameKind, u32)> {
+    let kind = FrameKind::from_u8(header[0])
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("unknown frame kind {}", header[0])))?;
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]);
+    if len > MAX_FRAME_BYTES {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("frame of {len} bytes is too large")));
+    }
+    Ok((kind, len))
+}
+
+/// Messages on the setup socket (fd [`SETUP_FD`]), one JSON object per line.
+pub mod setup {
+    use serde::{Deserialize, Serialize};
+
+    /// init -> host.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(tag = "step", rename_all = "snake_case")]
+    pub enum InitSays {
+        /// init has unshared its user namespace: write its uid/gid maps and
+        /// put it into the sandbox's cgroups, then send [`HostSays::Build`].
+        UsernsReady,
+        /// init forked the sandbox's PID 1; `pid` is its host pid. The first
+        /// init process exits right after sending this.
+        Pid1 { pid: i32 },
+        /// PID 1 is serving on the control listener; setup is over.
+        Ready,
+        Failed { message: String },
+    }
+
+    /// host -> init.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(tag = "step", rename_all = "snake_case")]
+    pub enum HostSays {
+        Build(BuildSpec),
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    pub struct BuildSpec {
+        /// Host path of the ready root filesystem (overlay); init pivots into it.
+        pub rootfs: String,
+        pub hostname: String,
+        /// Bring `lo` up in the new network namespace.
+        pub loopback: bool,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_reject_oversize() {
+        let mut buf = Vec::new();
+        write_json(&mut buf, FrameKind::Request, &Request::Ping).unwrap();
+        write_frame(&mut buf, FrameKind::Stdout, b"hello").unwrap();
+        let mut r = &buf[..];
+        let (k, p) = read_frame(&mut r).unwrap().unwrap();
+        assert_eq!(k, FrameKind::Request);
+        assert_eq!(serde_json::from_slice::<Request>(&p).unwrap(), Request::Ping);
+        let (k, p) = read_frame(&mut r).unwrap().unwrap();
+        assert_eq!((k, p.as_slice()), (FrameKind::Stdout, &b"hello"[..]));
+        assert!(read_frame(&mut r).unwrap().is_none());
+
+        let mut bad = vec![FrameKind::Stdout as u8];
+        bad.extend_from_slice(&(MAX_FRAME_BYTES + 1).to_be_bytes());
+        assert_eq!(read_frame(&mut &bad[..]).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        let truncated = [FrameKind::Stdout as u8, 0, 0];
+        assert_eq!(read_frame(&mut &truncated[..]).unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+    }
+}
