@@ -1,14 +1,58 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
+//! The shared harness of Warren's integration and adversarial suites.
+//!
+//! Owns: starting a real `warren serve` per test (its own temp dir, data dir,
+//! cgroup instance and busybox image), typed HTTP helpers, host-side probes
+//! of sandbox processes, and the leak check every test ends with.
+//! Invariant: whatever a test leaves behind - the server, its sandboxes'
+//! processes, mounts and cgroups - the [`TestServer`]'s `Drop` removes, also
+//! when the test panicked; [`TestServer::finish`] asserts the server removed
+//! it all by itself.
+//! Never: touches a process, mount or cgroup that is not its own server's.
+
+pub mod api;
+pub mod leaks;
+pub mod rootfs;
+pub mod server;
+
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+pub use api::{api_error_mismatch, assert_api_error, b64, end_result, frame_bytes, small, stderr, stdout, FrameReader};
+pub use server::{TestServer, IMAGE};
+use tokio::time::{sleep, Instant};
+pub use warren_api as wire;
+
+/// Host pids of the live processes of one sandbox (its pids cgroup).
+pub fn sandbox_pids(instance: &str, sandbox_id: &str) -> Vec<i32> {
+    let procs = Path::new(leaks::CGROUP_ROOT).join("pids").join(instance).join(sandbox_id).join("cgroup.procs");
+    let text = fs::read_to_string(procs).unwrap_or_default();
+    text.lines().filter_map(|l| l.trim().parse().ok()).filter(|pid| !leaks::is_zombie(*pid)).collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The host pid of the sandbox's PID 1: the process of its cgroup that is
+/// pid 1 in its own pid namespace.
+pub fn sandbox_pid1(instance: &str, sandbox_id: &str) -> Option<i32> {
+    sandbox_pids(instance, sandbox_id)
+        .into_iter()
+        .find(|pid| leaks::proc_status_field(*pid, "NSpid").is_some_and(|ns| ns.split_whitespace().last() == Some("1")))
+}
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
+/// Waits (bounded) for a process of the instance whose command line
+/// contains `needle`, and returns its host pid.
+pub async fn find_instance_process(instance: &str, needle: &str, within: Duration) -> i32 {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some((pid, _)) = leaks::instance_processes(instance).into_iter().find(|(_, cmd)| cmd.contains(needle)) {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "no process `{needle}` of {instance} within {within:?}");
+        sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A string no file on the host or in an image contains by chance.
+pub fn unique_marker(what: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("warren-{what}-{}-{nanos}", std::process::id())
 }

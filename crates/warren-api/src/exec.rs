@@ -132,7 +132,7 @@ pub enum ExecFrame {
     /// Bytes `offset..offset+dropped_bytes` of a stream were not kept (capture cap).
     Gap { stream: StreamName, offset: u64, dropped_bytes: u64 },
     /// Last frame.
-    End { result: ExecResult },
+    End { result: Box<ExecResult> },
 }
 
 /// What was kept of one output stream.
@@ -190,4 +190,31 @@ pub struct ResumeQuery {
     pub stdout_offset: u64,
     #[serde(default)]
     pub stderr_offset: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_requests_need_exactly_one_program_form() {
+        assert_eq!(ExecRequest::default().validate(false).unwrap_err().field.as_deref(), Some("command"));
+        let both = ExecRequest { argv: Some(vec!["ls".into()]), command: Some("ls".into()), ..Default::default() };
+        assert_eq!(both.validate(false).unwrap_err().field.as_deref(), Some("argv"));
+        assert!(ExecRequest::argv(["ls"]).validate(false).is_ok());
+        assert_eq!(ExecRequest::argv(["ls"]).validate(true).unwrap_err().field.as_deref(), Some("argv"));
+        assert!(ExecRequest::shell("cd /tmp").validate(true).is_ok());
+    }
+
+    #[test]
+    fn exec_limits_name_their_field() {
+        let bad = |r: ExecRequest| r.validate(false).unwrap_err().field.unwrap();
+        assert_eq!(bad(ExecRequest { timeout_secs: Some(0.0), ..ExecRequest::shell("x") }), "timeout_secs");
+        assert_eq!(bad(ExecRequest { timeout_secs: Some(f64::NAN), ..ExecRequest::shell("x") }), "timeout_secs");
+        assert_eq!(bad(ExecRequest { output_cap_bytes: Some(1), ..ExecRequest::shell("x") }), "output_cap_bytes");
+        assert_eq!(bad(ExecRequest { cwd: Some("rel".into()), ..ExecRequest::shell("x") }), "cwd");
+        let both_stdin =
+            ExecRequest { stdin: Some("a".into()), stdin_b64: Some("YQ==".into()), ..ExecRequest::shell("x") };
+        assert_eq!(bad(both_stdin), "stdin_b64");
+    }
 }

@@ -147,10 +147,7 @@ impl CreateSandboxRequest {
             ));
         }
         if !(MIN_DISK_MIB..=MAX_DISK_MIB).contains(&self.disk_mib) {
-            return Err(ApiError::invalid(
-                "disk_mib",
-                format!("must be between {MIN_DISK_MIB} and {MAX_DISK_MIB}"),
-            ));
+            return Err(ApiError::invalid("disk_mib", format!("must be between {MIN_DISK_MIB} and {MAX_DISK_MIB}")));
         }
         if !(MIN_PIDS..=MAX_PIDS).contains(&self.pids) {
             return Err(ApiError::invalid("pids", format!("must be between {MIN_PIDS} and {MAX_PIDS}")));
@@ -219,6 +216,8 @@ pub enum EndReason {
     NodeRestarted,
     /// Creation failed; `end_message` says where.
     CreateFailed,
+    /// The server stopped with `--destroy-on-exit`.
+    Shutdown,
 }
 
 /// Resources the sandbox asked for.
@@ -297,4 +296,39 @@ pub struct Health {
     pub status: String,
     pub version: String,
     pub sandboxes_running: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(json: &str) -> Option<String> {
+        let req: CreateSandboxRequest = serde_json::from_str(json).unwrap();
+        req.validate().err().and_then(|e| e.field)
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(field_of("{}"), None);
+    }
+
+    #[test]
+    fn out_of_range_values_name_their_field() {
+        assert_eq!(field_of(r#"{"cpus": 0}"#).as_deref(), Some("cpus"));
+        assert_eq!(field_of(r#"{"memory_mib": 1}"#).as_deref(), Some("memory_mib"));
+        assert_eq!(field_of(r#"{"disk_mib": 0}"#).as_deref(), Some("disk_mib"));
+        assert_eq!(field_of(r#"{"pids": 1}"#).as_deref(), Some("pids"));
+        assert_eq!(field_of(r#"{"idle_timeout_secs": 0}"#).as_deref(), Some("idle_timeout_secs"));
+        assert_eq!(field_of(r#"{"env": {"A=B": "x"}}"#).as_deref(), Some("env.A=B"));
+        assert_eq!(field_of(r#"{"image": ""}"#).as_deref(), Some("image"));
+    }
+
+    #[test]
+    fn unknown_fields_and_backends_are_rejected_by_the_parser() {
+        let err = serde_json::from_str::<CreateSandboxRequest>(r#"{"colour": "blue"}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field `colour`"));
+        assert!(serde_json::from_str::<CreateSandboxRequest>(r#"{"backend": "lambda"}"#).is_err());
+        let req: CreateSandboxRequest = serde_json::from_str(r#"{"backend": "microvm"}"#).unwrap();
+        assert_eq!(req.backend, Backend::Microvm);
+    }
 }

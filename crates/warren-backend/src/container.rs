@@ -1,1 +1,444 @@
-//! (container driver: being written)
+//! The container driver: a sandbox is `warren-init` as PID 1 in fresh user,
+//! pid, mount, network, ipc, uts and cgroup namespaces, bounded by its own
+//! cgroups, on an overlay of idmapped read-only layers and a size-limited
+//! tmpfs.
+//!
+//! The host side (this module) owns everything made in the host's
+//! namespaces: the uid range, the run directory, the control socket, the
+//! cgroups and the mounts. init builds the inside (see `warren-init`).
+//!
+//! Invariants: a sandbox's processes only ever run with ids of its own
+//! 65536-id range; nothing is killed without checking the pid's start time;
+//! a failed create leaves nothing behind.
+
+mod channel;
+mod rootfs;
+mod spawn;
+mod state;
+mod teardown;
+
+use std::fs;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rustix::fs::{Mode, OFlags};
+use tokio::process::Child;
+use warren_api::{Backend, NetworkMode, Usage};
+use warren_guard::cgroup::{Limits, SandboxCgroup};
+use warren_init::proto::setup::{BuildSpec, HostSays, InitSays};
+
+use self::rootfs::RootfsSpec;
+use self::spawn::SetupChannel;
+use self::state::{HandleState, Layout, ProcessId, SlotBook};
+use self::teardown::{cgroup_err, Remains};
+use crate::{
+    BackendError, Driver, ExecProcess, ExecSpec, FsRoot, Liveness, Result, SandboxHandle, SandboxSpec, SweepReport,
+};
+
+/// Nothing stays "creating" longer than this.
+const SETUP_DEADLINE: Duration = Duration::from_secs(30);
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
+/// PID 1's `oom_score_adj`: the OOM killer takes the sandbox's commands
+/// before its init. Init resets it to 0 for the commands it starts.
+const PID1_OOM_SCORE_ADJ: &str = "-998";
+const MAX_ID_BYTES: usize = 40;
+
+#[derive(Debug, Clone)]
+pub struct ContainerConfig {
+    /// Holds one directory per sandbox (e.g. `<data>/run`). It and its
+    /// parents must be searchable (`o+x`) by other users: init resolves the
+    /// root filesystem path after it has become an unprivileged user.
+    pub run_dir: PathBuf,
+    pub init_binary: PathBuf,
+    /// Name of the parent cgroup of all sandboxes (e.g. `warren`).
+    pub cgroup_instance: String,
+    /// First host uid of the per-sandbox ranges.
+    pub uid_base_start: u32,
+}
+
+impl ContainerConfig {
+    /// 2^30: far above any uid a distribution hands out, aligned to the range
+    /// size, and room for 49151 ranges below `u32::MAX`.
+    pub const DEFAULT_UID_BASE_START: u32 = 1 << 30;
+}
+
+pub struct ContainerDriver {
+    config: ContainerConfig,
+    slots: SlotBook,
+    /// Serializes choosing a uid slot and recording it.
+    slot_lock: Mutex<()>,
+}
+
+impl ContainerDriver {
+    /// Prepares `run_dir` and makes this process the child subreaper, so the
+    /// PID 1s whose first init exits reparent here.
+    pub fn new(mut config: ContainerConfig) -> Result<ContainerDriver> {
+        SandboxCgroup::new(&config.cgroup_instance, "probe").map_err(cgroup_err)?;
+        let slots = SlotBook { run_dir: PathBuf::new(), uid_base_start: config.uid_base_start };
+        if config.uid_base_start == 0 || slots.capacity() == 0 {
+            return Err(BackendError::Setup(format!("uid_base_start {} leaves no uid range", config.uid_base_start)));
+        }
+        let run_dir = &config.run_dir;
+        fs::create_dir_all(run_dir).map_err(|e| BackendError::io(format!("mkdir {}", run_dir.display()), e))?;
+        fs::set_permissions(run_dir, fs::Permissions::from_mode(0o711))
+            .map_err(|e| BackendError::io(format!("chmod {}", run_dir.display()), e))?;
+        // mountinfo shows canonical paths; sweeping compares against them.
+        config.run_dir =
+            fs::canonicalize(run_dir).map_err(|e| BackendError::io(format!("resolve {}", run_dir.display()), e))?;
+        become_subreaper()?;
+        let slots = SlotBook { run_dir: config.run_dir.clone(), ..slots };
+        Ok(ContainerDriver { config, slots, slot_lock: Mutex::new(()) })
+    }
+
+    fn layout(&self, id: &str) -> Layout {
+        Layout::new(&self.config.run_dir, id)
+    }
+
+    fn cgroup(&self, id: &str) -> Result<SandboxCgroup> {
+        SandboxCgroup::new(&self.config.cgroup_instance, id).map_err(cgroup_err)
+    }
+
+    /// The handle's state, checked to belong to this driver.
+    fn state(&self, handle: &SandboxHandle) -> Result<HandleState> {
+        check_id(&handle.id)?;
+        let state = HandleState::from_json(&handle.state)?;
+        if state.dir != self.layout(&handle.id).dir() {
+            return Err(BackendError::Protocol(format!("handle of {} is not from this driver", handle.id)));
+        }
+        Ok(state)
+    }
+
+    /// Makes the sandbox's directory and claims its uid slot. Fails, having
+    /// made nothing, if the id is taken.
+    fn reserve(&self, layout: &Layout) -> Result<u32> {
+        let _guard = self.slot_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let dir = layout.dir();
+        match fs::DirBuilder::new().mode(0o711).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(BackendError::Setup(format!("sandbox {} exists already", dir.display())))
+            }
+            Err(e) => return Err(BackendError::io(format!("mkdir {}", dir.display()), e)),
+        }
+        let claimed = fs::set_permissions(dir, fs::Permissions::from_mode(0o711))
+            .map_err(|e| BackendError::io(format!("chmod {}", dir.display()), e))
+            .and_then(|()| self.slots.claim_slot(layout));
+        if claimed.is_err() {
+            let _ = fs::remove_dir_all(dir);
+        }
+        claimed
+    }
+
+    /// Creation after the directory and slot exist; `undo` learns each
+    /// thing made as it is made.
+    async fn build(&self, spec: &SandboxSpec, slot: u32, undo: &mut Undo) -> Result<HandleState> {
+        let uid_base = self.slots.uid_base(slot);
+        let (init_pid, mut setup) = self.start_init(undo).await?;
+        spawn::write_id_maps(init_pid, uid_base)?;
+        let (layout, cgroup) = (&undo.remains.layout, &undo.remains.cgroup);
+        cgroup.create(&limits(spec)).map_err(cgroup_err)?;
+        cgroup.add_pid(init_pid).map_err(cgroup_err)?;
+        let rootfs_spec =
+            RootfsSpec { layers: &spec.layers, disk_mib: spec.resources.disk_mib, uid_base, userns_pid: init_pid };
+        rootfs::build(layout, &rootfs_spec)?;
+        let pid1 = self.hand_over(spec, &mut setup, undo).await?;
+        protect_from_oom_killer(pid1.pid)?;
+        let state = HandleState { pid1, uid_base, slot, dir: undo.remains.layout.dir().to_path_buf() };
+        state.save(&undo.remains.layout)?;
+        Ok(state)
+    }
+
+    /// Spawns init and waits until it has its own user namespace.
+    async fn start_init(&self, undo: &mut Undo) -> Result<(i32, SetupChannel)> {
+        let listener = spawn::bind_control(&undo.remains.layout)?;
+        let (child, mut setup) = spawn::spawn_init(&self.config.init_binary, listener)?;
+        let init_pid = child_pid(&child)?;
+        undo.first_init = Some(child);
+        match setup.next().await? {
+            InitSays::UsernsReady => Ok((init_pid, setup)),
+            other => Err(spawn::unexpected("userns_ready", other)),
+        }
+    }
+
+    /// Sends the build order, learns PID 1, reaps the first init and waits
+    /// until PID 1 serves.
+    async fn hand_over(&self, spec: &SandboxSpec, setup: &mut SetupChannel, undo: &mut Undo) -> Result<ProcessId> {
+        setup.send(&HostSays::Build(build_spec(&undo.remains.layout, spec)?)).await?;
+        let pid1 = match setup.next().await? {
+            InitSays::Pid1 { pid } => self.adopt_pid1(&undo.remains.cgroup, pid)?,
+            other => return Err(spawn::unexpected("pid1", other)),
+        };
+        undo.remains.pid1 = Some(pid1);
+        if let Some(first_init) = undo.first_init.as_mut() {
+            first_init.wait().await.map_err(|e| BackendError::io("reap the first init", e))?;
+        }
+        match setup.next().await? {
+            InitSays::Ready => Ok(pid1),
+            other => Err(spawn::unexpected("ready", other)),
+        }
+    }
+
+    /// Identifies the PID 1 init reported, after checking it really is in
+    /// the sandbox's cgroup: it is the pid that destroy will SIGKILL.
+    fn adopt_pid1(&self, cgroup: &SandboxCgroup, pid: i32) -> Result<ProcessId> {
+        if !cgroup.pids("memory").map_err(cgroup_err)?.contains(&pid) {
+            return Err(BackendError::Protocol(format!("init reported PID 1 as host pid {pid}, not in the sandbox")));
+        }
+        ProcessId::of(pid).map_err(|e| BackendError::io(format!("PID 1 (host pid {pid})"), e))
+    }
+
+    async fn remove(&self, remains: Remains) -> Result<()> {
+        tokio::task::spawn_blocking(move || remains.remove())
+            .await
+            .map_err(|e| BackendError::io("teardown task", io::Error::other(e)))?
+    }
+
+    /// Ids with a run directory or a cgroup.
+    fn known_ids(&self) -> Result<Vec<String>> {
+        let mut ids = SandboxCgroup::list(&self.config.cgroup_instance).map_err(cgroup_err)?;
+        let run_dir = &self.config.run_dir;
+        let entries = fs::read_dir(run_dir).map_err(|e| BackendError::io(format!("read {}", run_dir.display()), e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| BackendError::io(format!("read {}", run_dir.display()), e))?;
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                if let Some(name) = entry.file_name().to_str() {
+                    ids.push(name.to_string());
+                }
+            }
+        }
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+}
+
+#[async_trait]
+impl Driver for ContainerDriver {
+    fn backend(&self) -> Backend {
+        Backend::Container
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxHandle> {
+        check_id(&spec.id)?;
+        let layout = self.layout(&spec.id);
+        let cgroup = self.cgroup(&spec.id)?;
+        let slot = self.reserve(&layout)?;
+        let mut undo = Undo { remains: Remains { layout, cgroup, pid1: None }, first_init: None, armed: true };
+        let built = match tokio::time::timeout(SETUP_DEADLINE, self.build(spec, slot, &mut undo)).await {
+            Ok(built) => built,
+            Err(_) => Err(BackendError::Setup(format!("sandbox not ready within {SETUP_DEADLINE:?}"))),
+        };
+        match built {
+            Ok(state) => {
+                undo.armed = false;
+                Ok(SandboxHandle { id: spec.id.clone(), backend: Backend::Container, state: state.to_json() })
+            }
+            Err(e) => Err(undo.run(self, e).await),
+        }
+    }
+
+    async fn exec(&self, handle: &SandboxHandle, spec: ExecSpec) -> Result<ExecProcess> {
+        let _ = self.state(handle)?;
+        channel::start_exec(&self.layout(&handle.id).ctl_sock(), spec, self.cgroup(&handle.id)?).await
+    }
+
+    async fn destroy(&self, handle: &SandboxHandle) -> Result<()> {
+        check_id(&handle.id)?;
+        let layout = self.layout(&handle.id);
+        let pid1 = self.state(handle).ok().or_else(|| HandleState::load(&layout)).map(|s| s.pid1);
+        self.remove(Remains { layout, cgroup: self.cgroup(&handle.id)?, pid1 }).await
+    }
+
+    async fn probe(&self, handle: &SandboxHandle) -> Liveness {
+        let Ok(state) = self.state(handle) else { return Liveness::Dead { oom: false } };
+        if state.pid1.is_running() && channel::ping(&self.layout(&handle.id).ctl_sock(), PING_TIMEOUT).await {
+            return Liveness::Alive;
+        }
+        let oom = self.cgroup(&handle.id).and_then(|cg| cg.oom_kills().map_err(cgroup_err)).is_ok_and(|n| n > 0);
+        Liveness::Dead { oom }
+    }
+
+    fn usage(&self, handle: &SandboxHandle) -> Result<Usage> {
+        let _ = self.state(handle)?;
+        if !self.layout(&handle.id).dir().exists() {
+            return Err(BackendError::Gone);
+        }
+        let counters = self.cgroup(&handle.id)?.usage().map_err(cgroup_err)?;
+        Ok(Usage {
+            memory_bytes: counters.memory_bytes,
+            memory_peak_bytes: counters.memory_peak_bytes,
+            cpu_time_secs: counters.cpu_time_ns as f64 / 1e9,
+            pids: counters.pids,
+            disk_bytes: disk_used(&self.layout(&handle.id).rw())?,
+        })
+    }
+
+    fn fs_root(&self, handle: &SandboxHandle) -> Result<FsRoot> {
+        let state = self.state(handle)?;
+        let rootfs = self.layout(&handle.id).rootfs();
+        let dir = open_dir_path(&rootfs)?;
+        Ok(FsRoot { dir, uid: state.uid_base, gid: state.uid_base })
+    }
+
+    async fn sweep(&self, keep: &[String]) -> Result<SweepReport> {
+        let mut report = SweepReport::default();
+        let mut first_error = None;
+        for id in self.known_ids()? {
+            if keep.contains(&id) {
+                continue;
+            }
+            let Ok(cgroup) = self.cgroup(&id) else { continue };
+            let layout = self.layout(&id);
+            let pid1 = HandleState::load(&layout).map(|s| s.pid1);
+            match self.remove(Remains { layout, cgroup, pid1 }).await {
+                Ok(()) => report.sandboxes_removed.push(id),
+                Err(e) => {
+                    tracing::warn!(sandbox = %id, error = %e, "sweep could not remove a sandbox");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(report), Err)
+    }
+}
+
+/// What a create has made so far, removed again when it fails. If the
+/// create future is dropped midway, `Drop` removes it on a thread of its own.
+struct Undo {
+    remains: Remains,
+    /// The first init process, until it has been reaped.
+    first_init: Option<Child>,
+    armed: bool,
+}
+
+impl Undo {
+    /// Removes everything and returns `error`, extended if cleaning failed.
+    async fn run(mut self, driver: &ContainerDriver, error: BackendError) -> BackendError {
+        self.armed = false;
+        if let Some(child) = self.first_init.as_mut() {
+            let _ = child.start_kill();
+        }
+        let remains = self.remains.clone();
+        let cleaned = driver.remove(remains).await;
+        if let Some(mut child) = self.first_init.take() {
+            let _ = child.wait().await;
+        }
+        match cleaned {
+            Ok(()) => error,
+            Err(cleanup) => {
+                tracing::warn!(error = %cleanup, "cleaning up a failed create");
+                BackendError::Setup(format!("{error}; cleaning up also failed: {cleanup}"))
+            }
+        }
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Some(child) = self.first_init.as_mut() {
+            let _ = child.start_kill();
+        }
+        let remains = self.remains.clone();
+        std::thread::spawn(move || {
+            if let Err(e) = remains.remove() {
+                tracing::warn!(error = %e, "cleaning up an abandoned create");
+            }
+        });
+    }
+}
+
+fn child_pid(child: &Child) -> Result<i32> {
+    child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .ok_or_else(|| BackendError::Setup("warren-init exited at once".into()))
+}
+
+fn limits(spec: &SandboxSpec) -> Limits {
+    Limits {
+        memory_bytes: spec.resources.memory_mib.saturating_mul(1 << 20),
+        cpus: spec.resources.cpus,
+        pids: spec.resources.pids,
+    }
+}
+
+fn build_spec(layout: &Layout, spec: &SandboxSpec) -> Result<BuildSpec> {
+    let rootfs = layout.rootfs();
+    let rootfs = rootfs
+        .to_str()
+        .ok_or_else(|| BackendError::Setup(format!("run dir path {} is not UTF-8", rootfs.display())))?;
+    Ok(BuildSpec {
+        rootfs: rootfs.to_string(),
+        hostname: spec.hostname.clone(),
+        loopback: spec.network == NetworkMode::Loopback,
+    })
+}
+
+/// Ids name directories and cgroups: `[a-z0-9-]`, 1 to 40 bytes.
+fn check_id(id: &str) -> Result<()> {
+    let valid = !id.is_empty()
+        && id.len() <= MAX_ID_BYTES
+        && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if valid {
+        Ok(())
+    } else {
+        Err(BackendError::Setup(format!("invalid sandbox id {id:?}: use 1-{MAX_ID_BYTES} of [a-z0-9-]")))
+    }
+}
+
+fn disk_used(rw: &Path) -> Result<u64> {
+    let stat = rustix::fs::statvfs(rw).map_err(|e| BackendError::io(format!("statvfs {}", rw.display()), e.into()))?;
+    Ok(stat.f_blocks.saturating_sub(stat.f_bfree).saturating_mul(stat.f_frsize))
+}
+
+fn open_dir_path(path: &Path) -> Result<OwnedFd> {
+    rustix::fs::open(path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).map_err(|e| match e {
+        rustix::io::Errno::NOENT => BackendError::Gone,
+        e => BackendError::io(format!("open {}", path.display()), e.into()),
+    })
+}
+
+/// Lowers PID 1's `oom_score_adj`. Lowering needs CAP_SYS_RESOURCE, which
+/// a server in a container may lack (this test host does): then PID 1 keeps
+/// the default and is still the smallest process of its sandbox.
+fn protect_from_oom_killer(pid: i32) -> Result<()> {
+    let path = format!("/proc/{pid}/oom_score_adj");
+    match fs::write(&path, PID1_OOM_SCORE_ADJ) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            tracing::debug!(pid, "cannot lower PID 1's oom_score_adj without CAP_SYS_RESOURCE");
+            Ok(())
+        }
+        Err(e) => Err(BackendError::io(format!("write {path}"), e)),
+    }
+}
+
+/// Sets `PR_SET_CHILD_SUBREAPER` once per process.
+fn become_subreaper() -> Result<()> {
+    static DONE: OnceLock<Result<(), io::ErrorKind>> = OnceLock::new();
+    let done = DONE.get_or_init(|| {
+        rustix::process::set_child_subreaper(Some(rustix::process::getpid())).map_err(|e| io::Error::from(e).kind())
+    });
+    done.map_err(|kind| BackendError::io("PR_SET_CHILD_SUBREAPER", kind.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_checked_before_they_name_paths() {
+        assert!(check_id("sb-1").is_ok());
+        for bad in ["", "../x", "A", "a/b", "a.b", &"x".repeat(41)] {
+            assert!(check_id(bad).is_err(), "{bad:?}");
+        }
+    }
+}

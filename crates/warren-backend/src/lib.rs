@@ -83,7 +83,9 @@ pub enum ExecControl {
 /// `Exited` or `Lost`.
 #[derive(Debug)]
 pub enum ExecEvent {
-    Started { pid: i32 },
+    Started {
+        pid: i32,
+    },
     Stdout(Bytes),
     Stderr(Bytes),
     Exited(ExitInfo),
@@ -116,7 +118,9 @@ pub struct ExecProcess {
 pub enum Liveness {
     Alive,
     /// PID 1 is gone; `oom` when the out-of-memory killer took it.
-    Dead { oom: bool },
+    Dead {
+        oom: bool,
+    },
 }
 
 /// A directory fd of the sandbox's root filesystem as the host sees it, and

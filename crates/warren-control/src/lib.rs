@@ -1,14 +1,60 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
+//! The API server: Warren's HTTP API v1 in front of the node agent.
+//!
+//! Owns: routes, request parsing (every rejection names the field), the one
+//! mapping from internal errors to HTTP codes, NDJSON streaming, and the
+//! OpenAPI document. In the embedded mode it talks to one in-process node.
+//! Never: holds sandbox state of its own, or reaches past the node to a
+//! backend.
+
+mod error;
+mod extract;
+mod files;
+mod handlers;
+pub mod openapi;
+
+use std::future::Future;
+
+use axum::routing::{get, post};
+use axum::Router;
+use warren_node::Node;
+
+pub use error::HttpError;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub node: Node,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The complete v1 router.
+pub fn router(node: Node) -> Router {
+    use handlers::*;
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/openapi.json", get(openapi_json))
+        .route("/v1/images", get(list_images).post(import_image_dir))
+        .route("/v1/images/{name}/tar", axum::routing::put(import_image_tar))
+        .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
+        .route("/v1/sandboxes/{id}", get(get_sandbox).delete(delete_sandbox))
+        .route("/v1/sandboxes/{id}/exec", post(start_exec))
+        .route("/v1/sandboxes/{id}/exec/{exec_id}", get(get_exec))
+        .route("/v1/sandboxes/{id}/exec/{exec_id}/stream", get(resume_exec))
+        .route("/v1/sandboxes/{id}/exec/{exec_id}/kill", post(kill_exec))
+        .route("/v1/sandboxes/{id}/sessions", post(create_session).get(list_sessions))
+        .route("/v1/sandboxes/{id}/sessions/{sid}", axum::routing::delete(delete_session))
+        .route("/v1/sandboxes/{id}/sessions/{sid}/exec", post(session_exec))
+        .route("/v1/sandboxes/{id}/files", get(files::download).put(files::upload).delete(files::remove))
+        .route("/v1/sandboxes/{id}/files/stat", get(files::stat))
+        .route("/v1/sandboxes/{id}/files/list", get(files::list))
+        .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
+        .fallback(handlers::not_found)
+        .with_state(AppState { node })
+}
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
+/// Serves until `shutdown` resolves, then stops accepting and drains.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    node: Node,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(node)).with_graceful_shutdown(shutdown).await
 }

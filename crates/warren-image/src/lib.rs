@@ -1,14 +1,23 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! Owns the images sandboxes start from: named, ordered stacks of read-only
+//! layer directories on the node's disk, and the importers that fill them.
+//!
+//! Invariants: a manifest names only complete layers (a layer is built under
+//! `tmp/` and renamed into `layers/` before any manifest refers to it), and a
+//! manifest on disk is always whole (written to a temporary file, synced and
+//! renamed). A crash leaves at most unreferenced leftovers, which the next
+//! sole opener of the store removes.
+//!
+//! Never runs anything from an image: copying is done by the host's GNU tar.
+//! Layers are handed out as read-only directories so the lazy EROFS format can
+//! replace this one behind the same interface.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+mod error;
+mod fsutil;
+mod manifest;
+mod name;
+mod store;
+mod tar;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub use error::{ImageError, Result};
+pub use name::validate_name;
+pub use store::{Image, ImageStore, Layer};

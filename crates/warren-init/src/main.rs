@@ -1,1 +1,27 @@
-fn main() {}
+//! `warren-init`: PID 1 of a container sandbox (see the library's doc for
+//! what it owns). Started by the host with the setup socket at fd 3 and the
+//! control listener at fd 4; or, inside a sandbox, by a session shell in
+//! report-state mode (see `session`).
+
+mod error;
+mod exec;
+mod pathsearch;
+mod pid1;
+mod reaper;
+mod rootfs;
+mod seal;
+mod serve;
+mod session;
+mod setup;
+mod sys;
+mod tree;
+
+fn main() {
+    let mut args = std::env::args_os().skip(1);
+    if let Some(mode) = args.next() {
+        if mode == session::REPORT_STATE_ARG {
+            session::report_state_main(args)
+        }
+    }
+    setup::run()
+}

@@ -81,12 +81,19 @@ pub struct ExecSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Response {
-    Pong { init_version: String },
+    Pong {
+        init_version: String,
+    },
     /// The process runs; `pid` as seen inside the sandbox.
-    Started { pid: i32 },
+    Started {
+        pid: i32,
+    },
     Exited(Exited),
     /// The request failed before a process ran (e.g. no such program).
-    Error { message: String, not_found: bool },
+    Error {
+        message: String,
+        not_found: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -169,10 +176,14 @@ pub mod setup {
         UsernsReady,
         /// init forked the sandbox's PID 1; `pid` is its host pid. The first
         /// init process exits right after sending this.
-        Pid1 { pid: i32 },
+        Pid1 {
+            pid: i32,
+        },
         /// PID 1 is serving on the control listener; setup is over.
         Ready,
-        Failed { message: String },
+        Failed {
+            message: String,
+        },
     }
 
     /// host -> init.

@@ -1,14 +1,786 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
+//! The node agent: admission, sandbox lifecycle, warm pools, the reaper of
+//! idle and expired sandboxes, execs with their deadlines and bounded output,
+//! shell sessions, and file access - on one machine.
+//!
+//! Owns: the life of every sandbox on this node, from admission to its typed
+//! end, and the records that let a restarted node re-adopt them.
+//! Invariants: every sandbox that leaves `running` ends with exactly one
+//! [`EndReason`]; nothing stays `creating` or `ending` past its deadline; a
+//! warm-pool member is handed out at most once.
+//! Never: resolves a sandbox path on the host by string (files go through
+//! the backend's in-root resolution), or runs platform logic inside a sandbox.
+
+mod capture;
+mod exec;
+mod files;
+mod pool;
+mod records;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::Stream;
+use tokio::time::Instant;
+use warren_api::{
+    ApiError, Backend, CreateSandboxRequest, CreateSessionRequest, EndReason, ExecFrame, ExecRequest, ExecResult,
+    ExecStatus, ImageInfo, Resources, SandboxInfo, SandboxState, SessionInfo,
+};
+use warren_backend::{BackendError, Driver, ExecSpec, Liveness, SandboxHandle, SandboxSpec};
+use warren_image::ImageStore;
+use warren_store::{StateStore, StateStoreExt, StoreError, Table};
+
+pub use capture::{Capture, Chunk};
+pub use exec::ExecEntry;
+pub use files::FileError;
+pub use pool::PoolSpec;
+use records::{SandboxRecord, SessionRecord};
+pub use warren_image::ImageError;
+
+/// How long a create may take before it is abandoned and cleaned up.
+const CREATE_DEADLINE: Duration = Duration::from_secs(60);
+/// How often the reaper looks at every sandbox.
+const REAP_INTERVAL: Duration = Duration::from_millis(250);
+/// Liveness probes run every this many reaper ticks.
+const PROBE_EVERY_TICKS: u64 = 8;
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub data_dir: PathBuf,
+    /// Names this node's cgroups (`<controller>/<instance>/<sandbox>`), so
+    /// several nodes or test servers on one host never touch each other's.
+    pub instance: String,
+    pub init_binary: PathBuf,
+    pub max_sandboxes: usize,
+    pub pools: Vec<PoolSpec>,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("{0}")]
+    Invalid(ApiError),
+    #[error("no sandbox {0}")]
+    NotFound(String),
+    #[error("sandbox {id} has ended ({reason:?})")]
+    Ended { id: String, reason: EndReason },
+    #[error("no exec {0}")]
+    ExecNotFound(String),
+    #[error("no session {0}")]
+    SessionNotFound(String),
+    #[error("backend `{}` is not supported by this node yet", .0.as_str())]
+    UnsupportedBackend(Backend),
+    #[error("no image {0}")]
+    ImageNotFound(String),
+    #[error("idempotency key {0} was used with a different request")]
+    IdempotencyConflict(String),
+    #[error("node is full: {0} sandboxes running")]
+    Capacity(usize),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Image(ImageError),
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error("{0}")]
+    Internal(String),
+}
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
+impl From<ImageError> for NodeError {
+    fn from(e: ImageError) -> Self {
+        match e {
+            ImageError::NotFound(name) => NodeError::ImageNotFound(name),
+            other => NodeError::Image(other),
+        }
+    }
+}
+
+pub type Result<T, E = NodeError> = std::result::Result<T, E>;
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// A random id like `sb-1f2e3d4c5b6a7980`.
+pub fn new_id(prefix: &str) -> String {
+    let mut bytes = [0u8; 8];
+    // getrandom only fails before the kernel's pool is initialised; fall back to time.
+    if rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty()).is_err() {
+        bytes = (SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0) as u64).to_le_bytes();
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{prefix}-{hex}")
+}
+
+/// A sandbox this node runs now.
+struct Live {
+    id: String,
+    handle: SandboxHandle,
+    driver: Arc<dyn Driver>,
+    record: Mutex<SandboxRecord>,
+    execs: Mutex<HashMap<String, Arc<ExecEntry>>>,
+    running_execs: AtomicUsize,
+    sessions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<SessionRecord>>>>,
+}
+
+impl Live {
+    fn record(&self) -> std::sync::MutexGuard<'_, SandboxRecord> {
+        self.record.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn touch(&self) {
+        self.record().info.last_activity_at_ms = now_ms();
+    }
+}
+
+struct Inner {
+    cfg: NodeConfig,
+    store: Arc<dyn StateStore>,
+    images: Arc<ImageStore>,
+    container: Arc<dyn Driver>,
+    live: Mutex<HashMap<String, Arc<Live>>>,
+    creating: AtomicUsize,
+    pools: pool::Pools,
+}
+
+/// The node agent. Cheap to clone; all clones share one node.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+}
+
+impl Node {
+    /// Opens the node on its data directory, re-adopts the sandboxes that
+    /// still live, ends the others with `node_restarted`, sweeps orphans, and
+    /// starts the reaper and the pool filler.
+    pub async fn start(cfg: NodeConfig, store: Arc<dyn StateStore>, container: Arc<dyn Driver>) -> Result<Node> {
+        let images = Arc::new(ImageStore::open(cfg.data_dir.join("images"))?);
+        let pools = pool::Pools::new(cfg.pools.clone());
+        let node = Node {
+            inner: Arc::new(Inner {
+                cfg,
+                store,
+                images,
+                container,
+                live: Mutex::new(HashMap::new()),
+                creating: AtomicUsize::new(0),
+                pools,
+            }),
+        };
+        node.recover().await?;
+        let reaper = node.clone();
+        tokio::spawn(async move { reaper.reap_forever().await });
+        let filler = node.clone();
+        tokio::spawn(async move { filler.fill_pools_forever().await });
+        Ok(node)
+    }
+
+    fn live_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Live>>> {
+        self.inner.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn driver(&self, backend: Backend) -> Result<Arc<dyn Driver>> {
+        match backend {
+            Backend::Container => Ok(Arc::clone(&self.inner.container)),
+            other => Err(NodeError::UnsupportedBackend(other)),
+        }
+    }
+
+    fn store(&self) -> &dyn StateStore {
+        self.inner.store.as_ref()
+    }
+
+    fn save(&self, rec: &SandboxRecord) -> Result<()> {
+        Ok(self.store().put_json(Table::Sandboxes, &rec.info.id, rec)?)
+    }
+
+    pub fn sandboxes_running(&self) -> usize {
+        self.live_map().len()
+    }
+
+    // ---- lifecycle ------------------------------------------------------
+
+    /// Creates a sandbox, or returns the one an earlier call with the same
+    /// idempotency key made. The bool is true when this call made it.
+    pub async fn create(&self, req: CreateSandboxRequest) -> Result<(SandboxInfo, bool)> {
+        req.validate().map_err(NodeError::Invalid)?;
+        let driver = self.driver(req.backend)?;
+        let image = self.inner.images.get(&req.image).map_err(|e| match NodeError::from(e) {
+            NodeError::ImageNotFound(name) => {
+                NodeError::Invalid(ApiError::invalid("image", format!("no image named `{name}`")))
+            }
+            other => other,
+        })?;
+        let resources =
+            Resources { cpus: req.cpus, memory_mib: req.memory_mib, disk_mib: req.disk_mib, pids: req.pids };
+        let pool_key = pool::PoolKey::new(&req.image, &resources, req.network);
+        let id = new_id("sb");
+
+        if let Some(key) = &req.idempotency_key {
+            let claim = records::IdempotencyClaim { sandbox_id: id.clone(), request_hash: records::request_hash(&req) };
+            if let Some(existing) = self.store().put_json_if_absent(Table::Idempotency, key, &claim)? {
+                if existing.request_hash != claim.request_hash {
+                    return Err(NodeError::IdempotencyConflict(key.clone()));
+                }
+                return Ok((self.wait_created(&existing.sandbox_id).await?, false));
+            }
+        }
+
+        let admitted = AdmissionTicket::take(self)?;
+        let now = now_ms();
+        let mut rec = SandboxRecord {
+            info: SandboxInfo {
+                id: id.clone(),
+                backend: req.backend,
+                image: req.image.clone(),
+                state: SandboxState::Creating,
+                resources: resources.clone(),
+                network: req.network,
+                labels: req.labels.clone(),
+                idle_timeout_secs: req.idle_timeout_secs,
+                lifetime_secs: req.lifetime_secs,
+                created_at_ms: now,
+                started_at_ms: None,
+                last_activity_at_ms: now,
+                ended_at_ms: None,
+                end_reason: None,
+                end_message: None,
+                usage: None,
+                from_pool: false,
+                idempotency_key: req.idempotency_key.clone(),
+            },
+            env: req.env.clone(),
+            handle: None,
+        };
+        self.save(&rec)?;
+
+        let made = match self.claim_pooled(&pool_key).await {
+            Some(handle) => {
+                rec.info.from_pool = true;
+                Ok(handle)
+            }
+            None => {
+                let spec = SandboxSpec {
+                    id: id.clone(),
+                    layers: image.layers().iter().map(|l| l.path().to_path_buf()).collect(),
+                    resources,
+                    network: req.network,
+                    hostname: id.clone(),
+                };
+                match tokio::time::timeout(CREATE_DEADLINE, driver.create(&spec)).await {
+                    Ok(r) => r.map_err(NodeError::from),
+                    Err(_) => {
+                        // The create future was dropped midway; sweep whatever it left.
+                        let _ = driver
+                            .destroy(&SandboxHandle {
+                                id: id.clone(),
+                                backend: req.backend,
+                                state: serde_json::Value::Null,
+                            })
+                            .await;
+                        Err(NodeError::Internal(format!("create did not finish within {CREATE_DEADLINE:?}")))
+                    }
+                }
+            }
+        };
+        let handle = match made {
+            Ok(h) => h,
+            Err(e) => {
+                rec.info.state = SandboxState::Ended;
+                rec.info.end_reason = Some(EndReason::CreateFailed);
+                rec.info.end_message = Some(e.to_string());
+                rec.info.ended_at_ms = Some(now_ms());
+                self.save(&rec)?;
+                if let Some(key) = &req.idempotency_key {
+                    // Let a retry with the same key try again instead of replaying the failure.
+                    let _ = self.store().delete(Table::Idempotency, key);
+                }
+                return Err(e);
+            }
+        };
+        rec.info.state = SandboxState::Running;
+        rec.info.started_at_ms = Some(now_ms());
+        rec.handle = Some(handle.clone());
+        self.save(&rec)?;
+        let info = rec.info.clone();
+        let live = Arc::new(Live {
+            id: id.clone(),
+            handle,
+            driver,
+            record: Mutex::new(rec),
+            execs: Mutex::new(HashMap::new()),
+            running_execs: AtomicUsize::new(0),
+            sessions: Mutex::new(HashMap::new()),
+        });
+        self.live_map().insert(id, live);
+        drop(admitted);
+        Ok((info, true))
+    }
+
+    /// Waits (bounded) until a sandbox made by a concurrent call with the same
+    /// idempotency key has left `creating`.
+    async fn wait_created(&self, id: &str) -> Result<SandboxInfo> {
+        let deadline = Instant::now() + CREATE_DEADLINE + Duration::from_secs(5);
+        loop {
+            let info = self.get(id)?;
+            if info.state != SandboxState::Creating || Instant::now() > deadline {
+                return Ok(info);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn live(&self, id: &str) -> Result<Arc<Live>> {
+        if let Some(l) = self.live_map().get(id) {
+            return Ok(Arc::clone(l));
+        }
+        match self.store().get_json::<SandboxRecord>(Table::Sandboxes, id)? {
+            Some(rec) => match rec.info.end_reason {
+                Some(reason) => Err(NodeError::Ended { id: id.to_string(), reason }),
+                None => Err(NodeError::Invalid(ApiError::new(
+                    warren_api::ErrorCode::InvalidRequest,
+                    format!("sandbox {id} is {:?}", rec.info.state),
+                ))),
+            },
+            None => Err(NodeError::NotFound(id.to_string())),
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Result<SandboxInfo> {
+        if let Some(l) = self.live_map().get(id).cloned() {
+            let mut info = l.record().info.clone();
+            info.usage = l.driver.usage(&l.handle).ok();
+            return Ok(info);
+        }
+        self.store().get_json::<SandboxRecord>(Table::Sandboxes, id)?
+            .map(|r| r.info)
+            .ok_or_else(|| NodeError::NotFound(id.to_string()))
+    }
+
+    pub fn list(&self, labels: &BTreeMap<String, String>, state: Option<SandboxState>) -> Result<Vec<SandboxInfo>> {
+        let mut out = Vec::new();
+        for (id, _) in self.store().list(Table::Sandboxes, "")? {
+            let Ok(info) = self.get(&id) else { continue };
+            if state.is_some_and(|s| s != info.state) {
+                continue;
+            }
+            if labels.iter().all(|(k, v)| info.labels.get(k) == Some(v)) {
+                out.push(info);
+            }
+        }
+        out.sort_by(|a, b| a.created_at_ms.cmp(&b.created_at_ms).then_with(|| a.id.cmp(&b.id)));
+        Ok(out)
+    }
+
+    /// Deletes a sandbox; deleting an ended one answers with its record.
+    pub async fn delete(&self, id: &str) -> Result<SandboxInfo> {
+        match self.end(id, EndReason::Deleted, None).await {
+            Ok(info) => Ok(info),
+            Err(NodeError::Ended { .. }) => self.get(id),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Ends a live sandbox with `reason`: stops its execs, destroys it, and
+    /// records the end. Only the first of concurrent calls does the work.
+    async fn end(&self, id: &str, reason: EndReason, message: Option<String>) -> Result<SandboxInfo> {
+        let live = self.live(id)?;
+        if self.live_map().remove(id).is_none() {
+            return self.get(id);
+        }
+        let rec = {
+            let mut rec = live.record();
+            rec.info.state = SandboxState::Ending;
+            rec.clone()
+        };
+        self.save(&rec)?;
+        let execs: Vec<_> = live.execs.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        for e in &execs {
+            e.request_kill();
+        }
+        let destroyed = live.driver.destroy(&live.handle).await;
+        let mut rec = live.record().clone();
+        rec.info.state = SandboxState::Ended;
+        rec.info.end_reason = Some(reason);
+        rec.info.ended_at_ms = Some(now_ms());
+        rec.info.usage = None;
+        rec.info.end_message = match (&destroyed, message) {
+            (Err(e), _) => Some(format!("teardown error (swept at next start): {e}")),
+            (Ok(()), m) => m,
+        };
+        rec.handle = None;
+        self.save(&rec)?;
+        // Execs that were still running are recorded as killed by the platform.
+        for e in execs {
+            e.finish_without_process(ExecStatus::Killed);
+            self.persist_exec(id, &e);
+        }
+        let _ = self.store().delete_prefix(Table::Sessions, &format!("{id}/"));
+        Ok(rec.info)
+    }
+
+    // ---- execs -----------------------------------------------------------
+
+    /// Starts an exec (in a session when `session_id` is given) and returns
+    /// its entry; the node drives it to its end whatever the client does.
+    pub async fn exec(&self, id: &str, req: ExecRequest, session_id: Option<&str>) -> Result<Arc<ExecEntry>> {
+        req.validate(session_id.is_some()).map_err(NodeError::Invalid)?;
+        let live = self.live(id)?;
+        live.touch();
+        let stdin = match (&req.stdin, &req.stdin_b64) {
+            (Some(s), _) => Some(s.as_bytes().to_vec()),
+            (None, Some(b)) => {
+                use base64::Engine as _;
+                Some(
+                    base64::engine::general_purpose::STANDARD
+                        .decode(b)
+                        .map_err(|_| NodeError::Invalid(ApiError::invalid("stdin_b64", "not valid base64")))?,
+                )
+            }
+            (None, None) => None,
+        };
+        let session = match session_id {
+            Some(sid) => {
+                let s = live.sessions.lock().unwrap_or_else(|p| p.into_inner()).get(sid).cloned();
+                Some(s.ok_or_else(|| NodeError::SessionNotFound(sid.to_string()))?.lock_owned().await)
+            }
+            None => None,
+        };
+        let mut env = base_env(&live.record().env);
+        let cwd = match &session {
+            Some(s) => {
+                env = s.env.clone();
+                req.cwd.clone().unwrap_or_else(|| s.cwd.clone())
+            }
+            None => req.cwd.clone().unwrap_or_else(|| "/".to_string()),
+        };
+        env.extend(req.env.clone());
+        let argv = match (&req.argv, &req.command) {
+            (Some(argv), _) => argv.clone(),
+            (None, Some(cmd)) => vec!["/bin/sh".to_string(), "-c".to_string(), cmd.clone()],
+            (None, None) => return Err(NodeError::Invalid(ApiError::invalid("command", "give argv or command"))),
+        };
+        let spec = ExecSpec { argv, env, cwd, capture_session_state: session.is_some() };
+        let process = live.driver.exec(&live.handle, spec).await?;
+
+        let cap = req.output_cap_bytes.unwrap_or(warren_api::DEFAULT_OUTPUT_CAP_BYTES);
+        let entry = ExecEntry::new(new_id("ex"), session_id.map(str::to_string), cap);
+        live.execs.lock().unwrap_or_else(|p| p.into_inner()).insert(entry.id.clone(), Arc::clone(&entry));
+        live.running_execs.fetch_add(1, Ordering::SeqCst);
+        self.persist_exec(id, &entry);
+        let timeout = Duration::from_secs_f64(req.timeout_secs.unwrap_or(warren_api::DEFAULT_EXEC_TIMEOUT_SECS));
+        let deadline = Instant::now() + timeout;
+        let node = self.clone();
+        let driving = Arc::clone(&entry);
+        tokio::spawn(async move {
+            let exit = Arc::clone(&driving).drive(process, stdin, deadline).await;
+            if let (Some(mut session), Some(state)) = (session, exit.and_then(|e| e.session_state)) {
+                session.cwd = state.cwd;
+                session.env = state.env;
+                session.commands_run += 1;
+                let _ =
+                    node.store().put_json(Table::Sessions, &format!("{}/{}", live.id, session.id), &*session);
+            }
+            live.running_execs.fetch_sub(1, Ordering::SeqCst);
+            live.touch();
+            node.persist_exec(&live.id, &driving);
+            // Finished execs are served from the store; memory holds only running ones.
+            live.execs.lock().unwrap_or_else(|p| p.into_inner()).remove(&driving.id);
+        });
+        Ok(entry)
+    }
+
+    fn persist_exec(&self, sandbox_id: &str, entry: &ExecEntry) {
+        let result = entry.result(true);
+        if let Err(e) = self.store().put_json(Table::Execs, &format!("{sandbox_id}/{}", entry.id), &result) {
+            tracing::error!(exec = %entry.id, "cannot persist exec result: {e}");
+        }
+    }
+
+    fn exec_entry(&self, id: &str, exec_id: &str) -> Option<Arc<ExecEntry>> {
+        let live = self.live_map().get(id).cloned()?;
+        let e = live.execs.lock().unwrap_or_else(|p| p.into_inner()).get(exec_id).cloned();
+        if e.is_some() {
+            live.touch();
+        }
+        e
+    }
+
+    /// The exec's result so far, with its captured output.
+    pub fn exec_result(&self, id: &str, exec_id: &str) -> Result<ExecResult> {
+        if let Some(e) = self.exec_entry(id, exec_id) {
+            return Ok(e.result(true));
+        }
+        self.stored_exec(id, exec_id)
+    }
+
+    fn stored_exec(&self, id: &str, exec_id: &str) -> Result<ExecResult> {
+        self.store().get_json::<ExecResult>(Table::Execs, &format!("{id}/{exec_id}"))?
+            .ok_or_else(|| NodeError::ExecNotFound(exec_id.to_string()))
+    }
+
+    /// A frame stream from the given offsets; for an exec that already ended
+    /// and left memory, the stored capture is replayed.
+    pub fn exec_stream(
+        &self,
+        id: &str,
+        exec_id: &str,
+        stdout_offset: u64,
+        stderr_offset: u64,
+    ) -> Result<std::pin::Pin<Box<dyn Stream<Item = ExecFrame> + Send>>> {
+        if let Some(e) = self.exec_entry(id, exec_id) {
+            return Ok(Box::pin(e.stream(stdout_offset, stderr_offset, None)));
+        }
+        let stored = self.stored_exec(id, exec_id)?;
+        Ok(Box::pin(futures_util::stream::iter(records::replay_frames(stored, stdout_offset, stderr_offset))))
+    }
+
+    pub fn kill_exec(&self, id: &str, exec_id: &str) -> Result<ExecResult> {
+        match self.exec_entry(id, exec_id) {
+            Some(e) => {
+                e.request_kill();
+                Ok(e.result(false))
+            }
+            None => self.stored_exec(id, exec_id),
+        }
+    }
+
+    // ---- sessions --------------------------------------------------------
+
+    pub fn create_session(&self, id: &str, req: CreateSessionRequest) -> Result<SessionInfo> {
+        if let Some(cwd) = &req.cwd {
+            if !cwd.starts_with('/') {
+                return Err(NodeError::Invalid(ApiError::invalid("cwd", "must be an absolute path")));
+            }
+        }
+        warren_api::validate_env(&req.env, "env").map_err(NodeError::Invalid)?;
+        let live = self.live(id)?;
+        live.touch();
+        let mut env = base_env(&live.record().env);
+        env.extend(req.env);
+        let rec = SessionRecord {
+            id: new_id("ss"),
+            cwd: req.cwd.unwrap_or_else(|| "/root".to_string()),
+            env,
+            created_at_ms: now_ms(),
+            commands_run: 0,
+        };
+        self.store().put_json(Table::Sessions, &format!("{id}/{}", rec.id), &rec)?;
+        let info = rec.info(&base_env(&live.record().env));
+        live.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(rec.id.clone(), Arc::new(tokio::sync::Mutex::new(rec)));
+        Ok(info)
+    }
+
+    pub async fn list_sessions(&self, id: &str) -> Result<Vec<SessionInfo>> {
+        let live = self.live(id)?;
+        live.touch();
+        let base = base_env(&live.record().env);
+        let sessions: Vec<_> = live.sessions.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        let mut out = Vec::new();
+        for s in sessions {
+            out.push(s.lock().await.info(&base));
+        }
+        out.sort_by(|a, b| a.created_at_ms.cmp(&b.created_at_ms).then_with(|| a.id.cmp(&b.id)));
+        Ok(out)
+    }
+
+    pub fn delete_session(&self, id: &str, sid: &str) -> Result<()> {
+        let live = self.live(id)?;
+        live.touch();
+        live.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(sid)
+            .ok_or_else(|| NodeError::SessionNotFound(sid.to_string()))?;
+        self.store().delete(Table::Sessions, &format!("{id}/{sid}"))?;
+        Ok(())
+    }
+
+    // ---- images ----------------------------------------------------------
+
+    pub fn images(&self) -> Result<Vec<ImageInfo>> {
+        Ok(self.inner.images.list()?.into_iter().map(records::image_info).collect())
+    }
+
+    pub async fn import_image_dir(&self, name: String, dir: PathBuf) -> Result<ImageInfo> {
+        let images = Arc::clone(&self.inner.images);
+        let img = tokio::task::spawn_blocking(move || images.import_dir(&name, &dir))
+            .await
+            .map_err(|e| NodeError::Internal(e.to_string()))??;
+        Ok(records::image_info(img))
+    }
+
+    pub async fn import_image_tar(&self, name: String, tar: impl std::io::Read + Send + 'static) -> Result<ImageInfo> {
+        let images = Arc::clone(&self.inner.images);
+        let img = tokio::task::spawn_blocking(move || images.import_tar(&name, tar))
+            .await
+            .map_err(|e| NodeError::Internal(e.to_string()))??;
+        Ok(records::image_info(img))
+    }
+
+    // ---- background work -------------------------------------------------
+
+    async fn reap_forever(self) {
+        let mut tick: u64 = 0;
+        let mut interval = tokio::time::interval(REAP_INTERVAL);
+        loop {
+            interval.tick().await;
+            tick += 1;
+            let lives: Vec<Arc<Live>> = self.live_map().values().cloned().collect();
+            for live in lives {
+                let (created, last, idle, lifetime) = {
+                    let r = live.record();
+                    (r.info.created_at_ms, r.info.last_activity_at_ms, r.info.idle_timeout_secs, r.info.lifetime_secs)
+                };
+                let now = now_ms();
+                let reason = if now >= created + lifetime * 1000 {
+                    Some((EndReason::Lifetime, None))
+                } else if live.running_execs.load(Ordering::SeqCst) == 0 && now >= last + idle * 1000 {
+                    Some((EndReason::IdleTimeout, None))
+                } else if tick.is_multiple_of(PROBE_EVERY_TICKS) {
+                    match live.driver.probe(&live.handle).await {
+                        Liveness::Alive => None,
+                        Liveness::Dead { oom: true } => {
+                            Some((EndReason::Oom, Some("init was killed by the OOM killer".to_string())))
+                        }
+                        Liveness::Dead { oom: false } => {
+                            Some((EndReason::InitDied, Some("the sandbox's init exited".to_string())))
+                        }
+                    }
+                } else {
+                    None
+                };
+                if let Some((reason, msg)) = reason {
+                    let node = self.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = node.end(&live.id, reason, msg).await {
+                            tracing::warn!(sandbox = %live.id, "reaper could not end sandbox: {e}");
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    /// Re-adopts what survived a restart; everything else ends and is swept.
+    async fn recover(&self) -> Result<()> {
+        let mut keep = Vec::new();
+        for (id, bytes) in self.store().list(Table::Sandboxes, "")? {
+            let mut rec: SandboxRecord = match serde_json::from_slice(&bytes) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(sandbox = %id, "unreadable record: {e}");
+                    continue;
+                }
+            };
+            if rec.info.state == SandboxState::Ended {
+                continue;
+            }
+            let driver = self.driver(rec.info.backend)?;
+            let alive = match (&rec.handle, rec.info.state) {
+                (Some(h), SandboxState::Running) => driver.probe(h).await == Liveness::Alive,
+                _ => false,
+            };
+            if alive {
+                let Some(handle) = rec.handle.clone() else { continue };
+                keep.push(handle.id.clone());
+                rec.info.last_activity_at_ms = now_ms();
+                let live = Arc::new(Live {
+                    id: id.clone(),
+                    handle,
+                    driver,
+                    record: Mutex::new(rec),
+                    execs: Mutex::new(HashMap::new()),
+                    running_execs: AtomicUsize::new(0),
+                    sessions: Mutex::new(HashMap::new()),
+                });
+                for (key, bytes) in self.store().list(Table::Sessions, &format!("{id}/"))? {
+                    if let Ok(s) = serde_json::from_slice::<SessionRecord>(&bytes) {
+                        let sid = key.rsplit('/').next().unwrap_or_default().to_string();
+                        live.sessions
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(sid, Arc::new(tokio::sync::Mutex::new(s)));
+                    }
+                }
+                self.live_map().insert(id.clone(), live);
+                tracing::info!(sandbox = %id, "re-adopted");
+            } else {
+                if let Some(h) = &rec.handle {
+                    let _ = driver.destroy(h).await;
+                }
+                rec.info.state = SandboxState::Ended;
+                rec.info.end_reason = Some(EndReason::NodeRestarted);
+                rec.info.end_message = Some("the node restarted and the sandbox could not be re-adopted".into());
+                rec.info.ended_at_ms = Some(now_ms());
+                rec.handle = None;
+                self.save(&rec)?;
+                let _ = self.store().delete_prefix(Table::Sessions, &format!("{id}/"));
+            }
+        }
+        // Execs that were running when the node stopped cannot be re-attached.
+        for (key, bytes) in self.store().list(Table::Execs, "")? {
+            if let Ok(mut r) = serde_json::from_slice::<ExecResult>(&bytes) {
+                if r.status == ExecStatus::Running {
+                    r.status = ExecStatus::Killed;
+                    r.ended_at_ms = Some(now_ms());
+                    self.store().put_json(Table::Execs, &key, &r)?;
+                }
+            }
+        }
+        let report = self.inner.container.sweep(&keep).await?;
+        if !report.sandboxes_removed.is_empty() {
+            tracing::info!(removed = ?report.sandboxes_removed, "swept orphaned sandboxes");
+        }
+        Ok(())
+    }
+
+    /// Ends every live sandbox (used by tests and `serve --destroy-on-exit`).
+    pub async fn end_all(&self, reason: EndReason) {
+        let ids: Vec<String> = self.live_map().keys().cloned().collect();
+        for id in ids {
+            let _ = self.end(&id, reason, None).await;
+        }
+        self.inner.pools.drain(self.inner.container.as_ref()).await;
+    }
+}
+
+/// The environment every exec starts from, before the sandbox's own.
+fn base_env(sandbox_env: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::from([
+        ("PATH".to_string(), DEFAULT_PATH.to_string()),
+        ("HOME".to_string(), "/root".to_string()),
+        ("LANG".to_string(), "C.UTF-8".to_string()),
+        ("TERM".to_string(), "dumb".to_string()),
+    ]);
+    env.extend(sandbox_env.clone());
+    env
+}
+
+/// Counts a create against the node's capacity until dropped.
+struct AdmissionTicket<'a>(&'a Node);
+
+impl<'a> AdmissionTicket<'a> {
+    fn take(node: &'a Node) -> Result<Self> {
+        let creating = node.inner.creating.fetch_add(1, Ordering::SeqCst) + 1;
+        let running = node.sandboxes_running();
+        if running + creating > node.inner.cfg.max_sandboxes {
+            node.inner.creating.fetch_sub(1, Ordering::SeqCst);
+            return Err(NodeError::Capacity(running));
+        }
+        Ok(AdmissionTicket(node))
+    }
+}
+
+impl Drop for AdmissionTicket<'_> {
+    fn drop(&mut self) {
+        self.0.inner.creating.fetch_sub(1, Ordering::SeqCst);
     }
 }

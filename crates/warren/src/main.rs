@@ -1,3 +1,397 @@
+//! `warren`: the one CLI binary. It parses arguments and calls the crates;
+//! the logic lives in them.
+
+mod client;
+mod serve;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use client::Client;
+use futures_util::StreamExt;
+use warren_api::*;
+
+#[derive(Parser)]
+#[command(name = "warren", version, about = "Sandboxes for training and evaluating AI agents")]
+struct Cli {
+    /// Print machine-readable JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Server URL.
+    #[arg(long, global = true, env = "WARREN_URL", default_value = DEFAULT_URL)]
+    url: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the embedded server (API + node + state store).
+    Serve(serve::ServeArgs),
+    /// Create a sandbox, run one command streaming its output, delete it, and
+    /// exit with the command's exit code. Starts an embedded server when none answers.
+    Run {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// Kill the command after this many seconds.
+        #[arg(long)]
+        timeout: Option<f64>,
+        /// Data dir of the embedded server started when none is running.
+        #[arg(long, default_value = "/var/lib/warren")]
+        data_dir: PathBuf,
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+    },
+    #[command(subcommand)]
+    Sandbox(SandboxCmd),
+    #[command(subcommand)]
+    Files(FilesCmd),
+    #[command(subcommand)]
+    Image(ImageCmd),
+}
+
+#[derive(Args, Clone)]
+struct SpecArgs {
+    #[arg(long, default_value = DEFAULT_IMAGE)]
+    image: String,
+    #[arg(long)]
+    cpus: Option<f64>,
+    #[arg(long)]
+    memory_mib: Option<u64>,
+    #[arg(long)]
+    disk_mib: Option<u64>,
+    #[arg(long)]
+    pids: Option<u32>,
+    /// `none` or `loopback`.
+    #[arg(long)]
+    network: Option<String>,
+    #[arg(long)]
+    idle_timeout: Option<u64>,
+    #[arg(long)]
+    lifetime: Option<u64>,
+    /// K=V, repeatable.
+    #[arg(long = "env", value_parser = parse_kv)]
+    env: Vec<(String, String)>,
+    /// K=V, repeatable.
+    #[arg(long = "label", value_parser = parse_kv)]
+    labels: Vec<(String, String)>,
+    #[arg(long)]
+    idempotency_key: Option<String>,
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).ok_or_else(|| format!("`{s}` is not K=V"))
+}
+
+impl SpecArgs {
+    fn request(&self) -> Result<CreateSandboxRequest> {
+        let d = CreateSandboxRequest::default();
+        Ok(CreateSandboxRequest {
+            image: self.image.clone(),
+            cpus: self.cpus.unwrap_or(d.cpus),
+            memory_mib: self.memory_mib.unwrap_or(d.memory_mib),
+            disk_mib: self.disk_mib.unwrap_or(d.disk_mib),
+            pids: self.pids.unwrap_or(d.pids),
+            network: match self.network.as_deref() {
+                None | Some("none") => NetworkMode::None,
+                Some("loopback") => NetworkMode::Loopback,
+                Some(other) => bail!("--network must be none or loopback, not {other}"),
+            },
+            idle_timeout_secs: self.idle_timeout.unwrap_or(d.idle_timeout_secs),
+            lifetime_secs: self.lifetime.unwrap_or(d.lifetime_secs),
+            env: self.env.iter().cloned().collect::<BTreeMap<_, _>>(),
+            labels: self.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
+            idempotency_key: self.idempotency_key.clone(),
+            ..d
+        })
+    }
+}
+
+#[derive(Subcommand)]
+enum SandboxCmd {
+    Create {
+        #[command(flatten)]
+        spec: SpecArgs,
+    },
+    Ls {
+        /// Only sandboxes with this label (K=V).
+        #[arg(long)]
+        label: Option<String>,
+    },
+    Get {
+        id: String,
+    },
+    /// Run a command (argv) in a sandbox, streaming its output.
+    Exec {
+        id: String,
+        #[arg(long)]
+        timeout: Option<f64>,
+        #[arg(long)]
+        cwd: Option<String>,
+        #[arg(long = "env", value_parser = parse_kv)]
+        env: Vec<(String, String)>,
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+    },
+    /// A line-by-line shell session: cwd and exports persist between lines.
+    Shell {
+        id: String,
+    },
+    Rm {
+        ids: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum FilesCmd {
+    /// Upload a local file (or `-` for stdin) to PATH in the sandbox.
+    Put {
+        id: String,
+        local: String,
+        path: String,
+        #[arg(long)]
+        mode: Option<String>,
+    },
+    /// Download PATH from the sandbox to a local file (or `-` for stdout).
+    Get {
+        id: String,
+        path: String,
+        local: String,
+    },
+    Ls {
+        id: String,
+        path: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum ImageCmd {
+    Ls,
+    /// Import a root filesystem directory on the server's machine.
+    ImportDir {
+        name: String,
+        dir: PathBuf,
+    },
+    /// Import a tar stream (a file, or `-` for stdin).
+    ImportTar {
+        name: String,
+        tar: String,
+    },
+}
+
+fn print<T: serde::Serialize>(json: bool, value: &T, text: impl FnOnce(&T) -> String) {
+    if json {
+        println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
+    } else {
+        println!("{}", text(value));
+    }
+}
+
+fn sandbox_line(s: &SandboxInfo) -> String {
+    let state = match (s.state, s.end_reason) {
+        (SandboxState::Ended, Some(r)) => format!(
+            "ended ({})",
+            serde_json::to_value(r).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
+        ),
+        (st, _) => serde_json::to_value(st).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
+    };
+    format!("{}  {:<16} {:<10} {}", s.id, state, s.backend.as_str(), s.image)
+}
+
+async fn body_from(local: &str) -> Result<reqwest::Body> {
+    if local == "-" {
+        return Ok(reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(tokio::io::stdin())));
+    }
+    let f = tokio::fs::File::open(local).await.with_context(|| format!("cannot open {local}"))?;
+    Ok(reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(f)))
+}
+
+async fn stream_exec(client: &Client, path: &str, req: &ExecRequest, json: bool) -> Result<ExecResult> {
+    let result = client
+        .exec_streaming(path, req, |stream, data| {
+            if json {
+                return;
+            }
+            let _ = match stream {
+                StreamName::Stdout => std::io::stdout().write_all(data),
+                StreamName::Stderr => std::io::stderr().write_all(data),
+            };
+        })
+        .await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    }
+    Ok(result)
+}
+
+fn exit_code_of(r: &ExecResult) -> i32 {
+    match (r.exit_code, r.signal) {
+        (Some(c), _) => c,
+        (None, Some(s)) => 128 + s,
+        _ => 125,
+    }
+}
+
+async fn cmd_run(
+    cli: &Cli,
+    spec: &SpecArgs,
+    timeout: Option<f64>,
+    data_dir: &std::path::Path,
+    command: &[String],
+) -> Result<i32> {
+    let mut client = Client::new(&cli.url);
+    let mut embedded = None;
+    if client.health().await.is_err() {
+        let running = serve::start(&serve::ServeArgs::with_data_dir(data_dir.to_path_buf())).await?;
+        client = Client::new(&running.url);
+        embedded = Some(running);
+    }
+    let sandbox = client.create(&spec.request()?).await?;
+    let req = ExecRequest { argv: Some(command.to_vec()), timeout_secs: timeout, ..Default::default() };
+    let result = stream_exec(&client, &format!("/v1/sandboxes/{}/exec", sandbox.id), &req, cli.json).await;
+    let deleted = client.delete(&sandbox.id).await;
+    if let Some(running) = embedded {
+        let _ = running.stop.send(());
+        running.node.end_all(EndReason::Shutdown).await;
+    }
+    let result = result?;
+    deleted?;
+    if result.status == ExecStatus::TimedOut {
+        eprintln!("warren: command timed out after {:.1}s", result.wall_time_secs);
+        return Ok(124);
+    }
+    Ok(exit_code_of(&result))
+}
+
+async fn cmd_shell(client: &Client, id: &str) -> Result<()> {
+    let session = client.create_session(id).await?;
+    let path = format!("/v1/sandboxes/{id}/sessions/{}/exec", session.id);
+    let stdin = std::io::stdin();
+    eprint!("{id}$ ");
+    for line in stdin.lock().lines() {
+        let line = line?;
+        if !line.trim().is_empty() {
+            let r = stream_exec(client, &path, &ExecRequest::shell(line), false).await?;
+            if r.exit_code != Some(0) {
+                eprintln!("[exit {}]", exit_code_of(&r));
+            }
+        }
+        eprint!("{id}$ ");
+    }
+    eprintln!();
+    Ok(())
+}
+
+async fn real_main(cli: Cli) -> Result<i32> {
+    let client = Client::new(&cli.url);
+    let json = cli.json;
+    match &cli.cmd {
+        Cmd::Serve(args) => serve::run(args.clone()).await.map(|_| 0),
+        Cmd::Run { spec, timeout, data_dir, command } => cmd_run(&cli, spec, *timeout, data_dir, command).await,
+        Cmd::Sandbox(c) => {
+            match c {
+                SandboxCmd::Create { spec } => print(json, &client.create(&spec.request()?).await?, |s| s.id.clone()),
+                SandboxCmd::Ls { label } => print(json, &client.list(label.as_deref()).await?, |l| {
+                    l.sandboxes.iter().map(sandbox_line).collect::<Vec<_>>().join("\n")
+                }),
+                SandboxCmd::Get { id } => {
+                    print(json, &client.get(id).await?, |s| serde_json::to_string_pretty(s).unwrap_or_default())
+                }
+                SandboxCmd::Exec { id, timeout, cwd, env, command } => {
+                    let req = ExecRequest {
+                        argv: Some(command.clone()),
+                        cwd: cwd.clone(),
+                        env: env.iter().cloned().collect(),
+                        timeout_secs: *timeout,
+                        ..Default::default()
+                    };
+                    let r = stream_exec(&client, &format!("/v1/sandboxes/{id}/exec"), &req, json).await?;
+                    return Ok(exit_code_of(&r));
+                }
+                SandboxCmd::Shell { id } => cmd_shell(&client, id).await?,
+                SandboxCmd::Rm { ids } => {
+                    for id in ids {
+                        print(json, &client.delete(id).await?, sandbox_line);
+                    }
+                }
+            }
+            Ok(0)
+        }
+        Cmd::Files(c) => {
+            match c {
+                FilesCmd::Put { id, local, path, mode } => {
+                    print(json, &client.put_file(id, path, mode.as_deref(), body_from(local).await?).await?, |s| {
+                        format!("{} {} bytes", s.path, s.size_bytes)
+                    })
+                }
+                FilesCmd::Get { id, path, local } => {
+                    let mut body = client.get_file(id, path).await?.bytes_stream();
+                    let mut out: Box<dyn Write> = if local == "-" {
+                        Box::new(std::io::stdout())
+                    } else {
+                        Box::new(std::fs::File::create(local).with_context(|| format!("cannot create {local}"))?)
+                    };
+                    while let Some(chunk) = body.next().await {
+                        out.write_all(&chunk?)?;
+                    }
+                }
+                FilesCmd::Ls { id, path } => print(json, &client.list_files(id, path).await?, |l| {
+                    l.entries
+                        .iter()
+                        .map(|e| format!("{:o} {:>10} {}", e.mode, e.size_bytes, e.path))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                }),
+            }
+            Ok(0)
+        }
+        Cmd::Image(c) => {
+            match c {
+                ImageCmd::Ls => print(json, &client.images().await?, |l| {
+                    l.images
+                        .iter()
+                        .map(|i| format!("{}  {} layer(s)", i.name, i.layers.len()))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                }),
+                ImageCmd::ImportDir { name, dir } => {
+                    let dir = std::fs::canonicalize(dir).with_context(|| format!("no directory {}", dir.display()))?;
+                    print(json, &client.import_dir(name, &dir.to_string_lossy()).await?, |i| {
+                        format!("imported {}", i.name)
+                    })
+                }
+                ImageCmd::ImportTar { name, tar } => {
+                    print(json, &client.import_tar(name, body_from(tar).await?).await?, |i| {
+                        format!("imported {}", i.name)
+                    })
+                }
+            }
+            Ok(0)
+        }
+    }
+}
+
 fn main() {
-    println!("Hello, world!");
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WARREN_LOG").unwrap_or_else(|_| "warn,warren=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("warren: cannot start the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = runtime.block_on(real_main(cli)).unwrap_or_else(|e| {
+        eprintln!("warren: {e:#}");
+        1
+    });
+    std::process::exit(code);
 }

@@ -1,0 +1,165 @@
+//! What one contender's run produced, measure by measure. The report is
+//! rendered from these values only.
+
+use std::time::Duration;
+
+use crate::host::CpuUse;
+use crate::stats::{Failures, Latencies};
+
+/// A measure's value with the host CPU it took.
+#[derive(Debug, Clone)]
+pub struct Measured<T> {
+    pub value: T,
+    pub cpu: CpuUse,
+}
+
+#[derive(Debug, Clone)]
+pub enum Outcome<T> {
+    Done(Measured<T>),
+    /// Setup failed, so there are no samples; the message says why.
+    Failed(String),
+    /// Not applicable to this contender, or not asked for; says why.
+    Skipped(String),
+}
+
+impl<T> Outcome<T> {
+    pub fn done(&self) -> Option<&Measured<T>> {
+        match self {
+            Outcome::Done(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    pub fn skipped(why: impl Into<String>) -> Self {
+        Outcome::Skipped(why.into())
+    }
+}
+
+/// Creations per second kept up by several clients for a while.
+#[derive(Debug, Clone, Default)]
+pub struct Sustained {
+    pub clients: usize,
+    pub elapsed: Duration,
+    /// One sample per completed cycle; failures counted there too.
+    pub cycles: Latencies,
+}
+
+impl Sustained {
+    pub fn per_second(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if secs <= 0.0 {
+            0.0
+        } else {
+            self.cycles.len() as f64 / secs
+        }
+    }
+}
+
+/// Host memory taken by many idle sandboxes.
+#[derive(Debug, Clone, Default)]
+pub struct IdleMemory {
+    pub requested: usize,
+    pub started: usize,
+    pub start_failures: Failures,
+    /// MemAvailable before minus MemAvailable with all of them idle.
+    pub mem_available_drop_bytes: i64,
+    /// Sum of the sandboxes' memory cgroup usage, when it could be read.
+    pub cgroup_bytes: Option<u64>,
+    /// How the cgroup figure was read.
+    pub cgroup_source: String,
+    /// Other per-contender figures (label, value).
+    pub extra: Vec<(String, String)>,
+    /// Host CPU over a quiet window with all of them idle.
+    pub idle_cpu: Option<CpuUse>,
+    pub start_wall: Duration,
+    pub stop_wall: Duration,
+    pub stop_failures: Failures,
+    /// MemAvailable before minus MemAvailable after teardown: what did not come back.
+    pub not_returned_bytes: i64,
+}
+
+impl IdleMemory {
+    pub fn per_sandbox_drop(&self) -> Option<f64> {
+        (self.started > 0).then(|| self.mem_available_drop_bytes as f64 / self.started as f64)
+    }
+
+    pub fn per_sandbox_cgroup(&self) -> Option<f64> {
+        let bytes = self.cgroup_bytes?;
+        (self.started > 0).then(|| bytes as f64 / self.started as f64)
+    }
+}
+
+/// One tool's results.
+#[derive(Debug, Clone)]
+pub struct Contender {
+    pub name: String,
+    pub version: String,
+    /// Create + run `true` + destroy, by the tool's most direct route.
+    pub cold: Outcome<Latencies>,
+    /// Figures that explain the cold cycle: its steps, or a second route.
+    pub cold_parts: Vec<(String, Outcome<Latencies>)>,
+    /// Warm-pool claim + exec (Warren only).
+    pub warm: Outcome<Latencies>,
+    /// Exec of `true` in a running sandbox.
+    pub exec: Outcome<Latencies>,
+    pub sustained: Outcome<Sustained>,
+    pub idle: Outcome<IdleMemory>,
+    /// (measure, exact command or request used).
+    pub commands: Vec<(String, String)>,
+    pub notes: Vec<String>,
+}
+
+impl Contender {
+    pub fn new(name: impl Into<String>, version: impl Into<String>) -> Self {
+        let not_run = || Outcome::skipped("not run");
+        Contender {
+            name: name.into(),
+            version: version.into(),
+            cold: not_run(),
+            cold_parts: Vec::new(),
+            warm: Outcome::skipped("no warm pool in this tool"),
+            exec: not_run(),
+            sustained: not_run(),
+            idle: not_run(),
+            commands: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+}
+
+/// How much to measure.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Cold and warm cycles per contender.
+    pub samples: usize,
+    /// Unrecorded cycles first, so first-use effects (page cache, lazy init) stay out.
+    pub warmup: usize,
+    pub exec_samples: usize,
+    pub sustain: Duration,
+    pub clients: usize,
+    pub idle: usize,
+    /// Quiet window over which idle CPU is measured.
+    pub idle_cpu_window: Duration,
+    /// Wait after the idle sandboxes are up before memory is read.
+    pub settle: Duration,
+    pub pool_size: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_and_per_sandbox_figures_divide_by_what_happened() {
+        let mut cycles = Latencies::default();
+        for _ in 0..30 {
+            cycles.push(Duration::from_millis(1));
+        }
+        let s = Sustained { clients: 2, elapsed: Duration::from_secs(3), cycles };
+        assert!((s.per_second() - 10.0).abs() < 1e-9);
+        let idle = IdleMemory { started: 4, mem_available_drop_bytes: 4096, cgroup_bytes: Some(2048), ..Default::default() };
+        assert_eq!(idle.per_sandbox_drop(), Some(1024.0));
+        assert_eq!(idle.per_sandbox_cgroup(), Some(512.0));
+        assert_eq!(IdleMemory::default().per_sandbox_drop(), None);
+    }
+}

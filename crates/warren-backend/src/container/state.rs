@@ -1,0 +1,237 @@
+//! What the driver remembers about a sandbox: the handle's state, the files
+//! under its run directory, the identity of its PID 1, and its uid range.
+
+use std::fs;
+use std::io::{self, ErrorKind};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{BackendError, Result};
+
+/// How many uids and gids each sandbox maps (root to 65535 inside).
+pub(crate) const IDS_PER_SANDBOX: u32 = 65_536;
+
+/// The files and mount points under `run_dir/<id>/`.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    dir: PathBuf,
+}
+
+impl Layout {
+    pub(crate) fn new(run_dir: &Path, id: &str) -> Layout {
+        Layout { dir: run_dir.join(id) }
+    }
+
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+    /// The tmpfs that holds the writable layer; its size is the disk limit.
+    pub(crate) fn rw(&self) -> PathBuf {
+        self.dir.join("rw")
+    }
+    pub(crate) fn upper(&self) -> PathBuf {
+        self.rw().join("upper")
+    }
+    pub(crate) fn work(&self) -> PathBuf {
+        self.rw().join("work")
+    }
+    pub(crate) fn lowers(&self) -> PathBuf {
+        self.dir.join("lower")
+    }
+    pub(crate) fn lower(&self, index: usize) -> PathBuf {
+        self.lowers().join(index.to_string())
+    }
+    pub(crate) fn rootfs(&self) -> PathBuf {
+        self.dir.join("rootfs")
+    }
+    pub(crate) fn ctl_sock(&self) -> PathBuf {
+        self.dir.join("ctl.sock")
+    }
+    /// Holds the uid slot; written first so that a half-made sandbox keeps
+    /// its range reserved until it is swept.
+    pub(crate) fn slot_file(&self) -> PathBuf {
+        self.dir.join("slot")
+    }
+    /// A copy of the handle's state, so a sweep can find PID 1 without one.
+    pub(crate) fn state_file(&self) -> PathBuf {
+        self.dir.join("state.json")
+    }
+}
+
+/// A process identified by pid and start time, so a recycled pid is never
+/// mistaken for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ProcessId {
+    pub(crate) pid: i32,
+    /// Field 22 of `/proc/<pid>/stat`, in clock ticks since boot.
+    pub(crate) start_time: u64,
+}
+
+/// What `/proc/<pid>/stat` says about a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProcStat {
+    pub(crate) state: char,
+    pub(crate) start_time: u64,
+}
+
+impl ProcessId {
+    /// Reads the start time of a live `pid`.
+    pub(crate) fn of(pid: i32) -> io::Result<ProcessId> {
+        let stat = proc_stat(pid)?.ok_or_else(|| io::Error::from(ErrorKind::NotFound))?;
+        Ok(ProcessId { pid, start_time: stat.start_time })
+    }
+
+    /// The process as it is now, if `pid` still names the same process
+    /// (possibly a zombie).
+    pub(crate) fn stat(&self) -> Option<ProcStat> {
+        proc_stat(self.pid).ok().flatten().filter(|stat| stat.start_time == self.start_time)
+    }
+
+    /// Same process and not yet dead.
+    pub(crate) fn is_running(&self) -> bool {
+        self.stat().is_some_and(|stat| !matches!(stat.state, 'Z' | 'X' | 'x'))
+    }
+}
+
+/// `Ok(None)` when there is no such process.
+pub(crate) fn proc_stat(pid: i32) -> io::Result<Option<ProcStat>> {
+    let text = match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(text) => text,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    parse_stat(&text).map(Some).ok_or_else(|| io::Error::new(ErrorKind::InvalidData, "unparsable /proc/<pid>/stat"))
+}
+
+fn parse_stat(text: &str) -> Option<ProcStat> {
+    // The command name (field 2) may contain spaces and parentheses; it ends
+    // at the last ')'. Fields from 3 on follow, space separated.
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // Field 22 is the 20th after the state (field 3).
+    let start_time = fields.nth(18)?.parse().ok()?;
+    Some(ProcStat { state, start_time })
+}
+
+/// The driver's part of a [`crate::SandboxHandle`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct HandleState {
+    pub(crate) pid1: ProcessId,
+    /// First host uid (and gid) of the sandbox's range; root inside.
+    pub(crate) uid_base: u32,
+    pub(crate) slot: u32,
+    pub(crate) dir: PathBuf,
+}
+
+impl HandleState {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
+        // A struct of plain fields always serializes.
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+
+    pub(crate) fn from_json(value: &serde_json::Value) -> Result<HandleState> {
+        serde_json::from_value(value.clone()).map_err(|e| BackendError::Protocol(format!("bad container handle: {e}")))
+    }
+
+    pub(crate) fn save(&self, layout: &Layout) -> Result<()> {
+        let path = layout.state_file();
+        let text = serde_json::to_vec(self).map_err(|e| BackendError::Protocol(e.to_string()))?;
+        fs::write(&path, text).map_err(|e| BackendError::io(format!("write {}", path.display()), e))
+    }
+
+    /// `None` when the sandbox never got that far (or the file is damaged:
+    /// the cgroup still finds every process).
+    pub(crate) fn load(layout: &Layout) -> Option<HandleState> {
+        let text = fs::read(layout.state_file()).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+}
+
+/// Hands out uid slots: slot `n` maps `uid_base_start + n * 65536`.
+/// Callers serialize [`claim_slot`] with a lock; the slot files under the
+/// run directory are the record, so the choice survives a restart.
+#[derive(Debug, Clone)]
+pub(crate) struct SlotBook {
+    pub(crate) run_dir: PathBuf,
+    pub(crate) uid_base_start: u32,
+}
+
+impl SlotBook {
+    pub(crate) fn capacity(&self) -> u32 {
+        // The last id (u32::MAX) means "no id" to the kernel.
+        (u32::MAX - self.uid_base_start) / IDS_PER_SANDBOX
+    }
+
+    pub(crate) fn uid_base(&self, slot: u32) -> u32 {
+        self.uid_base_start + slot * IDS_PER_SANDBOX
+    }
+
+    /// Picks the lowest slot no sandbox directory holds and records it in
+    /// `layout`'s slot file.
+    pub(crate) fn claim_slot(&self, layout: &Layout) -> Result<u32> {
+        let mut taken = self.taken_slots()?;
+        taken.sort_unstable();
+        taken.dedup();
+        let slot =
+            taken.iter().enumerate().find(|&(i, &s)| i as u32 != s).map_or(taken.len() as u32, |(i, _)| i as u32);
+        if slot >= self.capacity() {
+            return Err(BackendError::Setup(format!("all {} uid ranges are in use", self.capacity())));
+        }
+        let path = layout.slot_file();
+        fs::write(&path, slot.to_string()).map_err(|e| BackendError::io(format!("write {}", path.display()), e))?;
+        Ok(slot)
+    }
+
+    fn taken_slots(&self) -> Result<Vec<u32>> {
+        let entries =
+            fs::read_dir(&self.run_dir).map_err(|e| BackendError::io(format!("read {}", self.run_dir.display()), e))?;
+        let mut slots = Vec::new();
+        for entry in entries.flatten() {
+            if let Ok(text) = fs::read_to_string(entry.path().join("slot")) {
+                if let Ok(slot) = text.trim().parse() {
+                    slots.push(slot);
+                }
+            }
+        }
+        Ok(slots)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_parsing_survives_parentheses_in_the_name() {
+        let text = "42 (a) b) (c) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_stat(text), Some(ProcStat { state: 'S', start_time: 987654 }));
+        assert_eq!(parse_stat("42 (x) S 1"), None);
+    }
+
+    #[test]
+    fn own_process_identity_is_stable_and_running() {
+        let me = ProcessId::of(std::process::id() as i32).unwrap();
+        assert!(me.is_running());
+        let other = ProcessId { start_time: me.start_time + 1, ..me };
+        assert!(!other.is_running());
+    }
+
+    #[test]
+    fn slots_fill_gaps_and_persist_in_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let book = SlotBook { run_dir: dir.path().to_path_buf(), uid_base_start: 1 << 30 };
+        let layouts: Vec<Layout> = (0..3).map(|i| Layout::new(dir.path(), &format!("s{i}"))).collect();
+        for l in &layouts {
+            fs::create_dir(l.dir()).unwrap();
+        }
+        assert_eq!(book.claim_slot(&layouts[0]).unwrap(), 0);
+        assert_eq!(book.claim_slot(&layouts[1]).unwrap(), 1);
+        fs::remove_dir_all(layouts[0].dir()).unwrap();
+        assert_eq!(book.claim_slot(&layouts[2]).unwrap(), 0);
+        assert_eq!(book.uid_base(1), (1 << 30) + 65_536);
+        let last = book.uid_base(book.capacity() - 1);
+        assert!(last.checked_add(IDS_PER_SANDBOX - 1).is_some_and(|top| top < u32::MAX));
+    }
+}

@@ -1,0 +1,68 @@
+//! The one place where internal errors become HTTP answers.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use warren_api::{ApiError, ErrorCode};
+use warren_backend::BackendError;
+use warren_node::{FileError, NodeError};
+
+/// An [`ApiError`] on its way out as `{code, message, field?}`.
+#[derive(Debug)]
+pub struct HttpError(pub ApiError);
+
+impl From<ApiError> for HttpError {
+    fn from(e: ApiError) -> Self {
+        HttpError(e)
+    }
+}
+
+impl From<NodeError> for HttpError {
+    fn from(e: NodeError) -> Self {
+        HttpError(to_api(e))
+    }
+}
+
+fn with_field(code: ErrorCode, message: String, field: &str) -> ApiError {
+    ApiError { code, message, field: Some(field.to_string()) }
+}
+
+fn to_api(e: NodeError) -> ApiError {
+    let msg = e.to_string();
+    match e {
+        NodeError::Invalid(api) => api,
+        NodeError::NotFound(_) | NodeError::ExecNotFound(_) | NodeError::SessionNotFound(_) => {
+            ApiError::new(ErrorCode::NotFound, msg)
+        }
+        NodeError::Ended { .. } | NodeError::Backend(BackendError::Gone) => ApiError::new(ErrorCode::SandboxEnded, msg),
+        NodeError::UnsupportedBackend(_) => with_field(ErrorCode::UnsupportedBackend, msg, "backend"),
+        NodeError::ImageNotFound(_) => with_field(ErrorCode::ImageNotFound, msg, "image"),
+        NodeError::IdempotencyConflict(_) => with_field(ErrorCode::IdempotencyConflict, msg, "idempotency_key"),
+        NodeError::Capacity(_) => ApiError::new(ErrorCode::CapacityExceeded, msg),
+        NodeError::Backend(BackendError::Unsupported(..)) => ApiError::new(ErrorCode::Unsupported, msg),
+        NodeError::Backend(BackendError::ProgramNotFound(_)) => with_field(ErrorCode::InvalidRequest, msg, "argv"),
+        NodeError::File(f) => match f {
+            FileError::NotFound => with_field(ErrorCode::FileNotFound, msg, "path"),
+            FileError::IsDirectory | FileError::NotDirectory | FileError::Conflict(_) => {
+                with_field(ErrorCode::FileConflict, msg, "path")
+            }
+            FileError::NoSpace => ApiError::new(ErrorCode::NoSpace, msg),
+            FileError::InvalidPath(_) => with_field(ErrorCode::InvalidRequest, msg, "path"),
+            _ => ApiError::new(ErrorCode::Internal, msg),
+        },
+        NodeError::Image(warren_node::ImageError::InvalidName(_)) => with_field(ErrorCode::InvalidRequest, msg, "name"),
+        NodeError::Backend(_) | NodeError::Store(_) | NodeError::Image(_) | NodeError::Internal(_) => {
+            ApiError::new(ErrorCode::Internal, msg)
+        }
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.0.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if status.is_server_error() {
+            tracing::error!(code = ?self.0.code, "{}", self.0.message);
+        }
+        (status, Json(self.0)).into_response()
+    }
+}

@@ -1,0 +1,75 @@
+//! Body and query extractors whose rejections are JSON errors naming the field.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+use warren_api::ApiError;
+
+use crate::error::HttpError;
+
+/// Largest JSON body accepted (file contents go through the streaming routes).
+const MAX_JSON_BYTES: usize = 16 << 20;
+
+/// Turns a serde error at `path` into an error that names the field.
+fn named<E: std::fmt::Display>(path: String, inner: E) -> ApiError {
+    let message = inner.to_string();
+    // serde reports an unknown field with the name only in its message.
+    let quoted = |marker: &str| message.split_once(marker).and_then(|(_, rest)| rest.split_once('`')).map(|(n, _)| n);
+    let field = match quoted("unknown field `").or_else(|| quoted("missing field `")) {
+        Some(name) if path == "." || path.is_empty() => name.to_string(),
+        Some(name) => format!("{path}.{name}"),
+        None if path == "." => String::new(),
+        None => path,
+    };
+    match field.is_empty() {
+        true => ApiError::new(warren_api::ErrorCode::InvalidRequest, message),
+        false => ApiError::invalid(field, message),
+    }
+}
+
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = HttpError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, HttpError> {
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::new(warren_api::ErrorCode::InvalidRequest, format!("cannot read body: {e}")))?;
+        if bytes.len() > MAX_JSON_BYTES {
+            return Err(ApiError::new(warren_api::ErrorCode::InvalidRequest, "JSON body too large").into());
+        }
+        let de = &mut serde_json::Deserializer::from_slice(&bytes);
+        serde_path_to_error::deserialize(de)
+            .map(ApiJson)
+            .map_err(|e| HttpError(named(e.path().to_string(), e.into_inner())))
+    }
+}
+
+pub struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, HttpError> {
+        let query = parts.uri.query().unwrap_or_default();
+        serde_urlencoded::from_str(query).map(ApiQuery).map_err(|e| HttpError(named(String::new(), e)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_errors_name_the_field() {
+        let e = serde_json::from_str::<warren_api::CreateSandboxRequest>(r#"{"colour": 1}"#).unwrap_err();
+        assert_eq!(named(".".into(), e).field.as_deref(), Some("colour"));
+        let de = &mut serde_json::Deserializer::from_str(r#"{"cpus": "many"}"#);
+        let e = serde_path_to_error::deserialize::<_, warren_api::CreateSandboxRequest>(de).unwrap_err();
+        assert_eq!(named(e.path().to_string(), e.into_inner()).field.as_deref(), Some("cpus"));
+        let e = serde_urlencoded::from_str::<warren_api::PathQuery>("").unwrap_err();
+        assert_eq!(named(String::new(), e).field.as_deref(), Some("path"));
+    }
+}

@@ -1,0 +1,95 @@
+//! File routes: streamed upload and download, stat, list, mkdir, remove.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use warren_api::*;
+
+use crate::error::HttpError;
+use crate::extract::{ApiJson, ApiQuery};
+use crate::AppState;
+
+type ApiResult<T> = Result<T, HttpError>;
+
+fn mode_of(mode: Option<&str>, default: u32) -> Result<u32, HttpError> {
+    match mode {
+        None => Ok(default),
+        Some(m) => {
+            parse_mode(m).ok_or_else(|| ApiError::invalid("mode", "must be octal permission bits like 644").into())
+        }
+    }
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", params(("id" = String, Path), ("path" = String, Query)),
+    responses((status = 200, description = "the file's bytes", content_type = "application/octet-stream"), (status = 404, body = ApiError), (status = 409, body = ApiError)))]
+pub async fn download(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> ApiResult<Response> {
+    let (file, len) = s.node.open_file(&id, q.path).await?;
+    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream".to_string()), (header::CONTENT_LENGTH, len.to_string())],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+/// Streams the body into the file; it replaces the old one only once complete.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    params(("id" = String, Path), ("path" = String, Query), ("mode" = Option<String>, Query)),
+    responses((status = 200, body = FileStat), (status = 400, body = ApiError), (status = 404, body = ApiError), (status = 507, body = ApiError)))]
+pub async fn upload(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+    body: Body,
+) -> ApiResult<Json<FileStat>> {
+    let mode = mode_of(q.mode.as_deref(), 0o644)?;
+    Ok(Json(s.node.write_file(&id, q.path, mode, body.into_data_stream()).await?))
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", params(("id" = String, Path), ("path" = String, Query), ("recursive" = Option<bool>, Query)),
+    responses((status = 204), (status = 404, body = ApiError), (status = 409, body = ApiError)))]
+pub async fn remove(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> ApiResult<StatusCode> {
+    s.node.remove_file(&id, q.path, q.recursive).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", params(("id" = String, Path), ("path" = String, Query)),
+    responses((status = 200, body = FileStat), (status = 404, body = ApiError)))]
+pub async fn stat(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> ApiResult<Json<FileStat>> {
+    Ok(Json(s.node.stat_file(&id, q.path).await?))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", params(("id" = String, Path), ("path" = String, Query)),
+    responses((status = 200, body = FileList), (status = 404, body = ApiError), (status = 409, body = ApiError)))]
+pub async fn list(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> ApiResult<Json<FileList>> {
+    Ok(Json(s.node.list_dir(&id, q.path).await?))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", request_body = MkdirRequest, params(("id" = String, Path)),
+    responses((status = 201, body = FileStat), (status = 400, body = ApiError), (status = 409, body = ApiError)))]
+pub async fn mkdir(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<MkdirRequest>,
+) -> ApiResult<(StatusCode, Json<FileStat>)> {
+    let mode = mode_of(req.mode.as_deref(), 0o755)?;
+    Ok((StatusCode::CREATED, Json(s.node.mkdir(&id, req.path, mode, req.parents).await?)))
+}

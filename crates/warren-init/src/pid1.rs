@@ -1,0 +1,85 @@
+//! Step 4 of the setup sequence, run by PID 1 of the new pid namespace:
+//! build the sandbox's view of the system, seal the process, then serve.
+
+use std::os::fd::{IntoRawFd, OwnedFd};
+use std::path::Path;
+
+use crate::error::{InitError, StepContext};
+use crate::setup::SetupChannel;
+use crate::{rootfs, seal, serve, sys};
+use warren_init::proto::setup::{BuildSpec, InitSays};
+use warren_init::proto::{LISTEN_FD, SETUP_FD};
+
+/// The descriptor number PID 1 keeps its own executable at (the first one
+/// after the setup socket and the listener).
+pub const SELF_EXE_FD: i32 = LISTEN_FD + 1;
+
+pub fn run(mut channel: SetupChannel, spec: BuildSpec, self_exe: OwnedFd, parent_done: OwnedFd) -> ! {
+    let built = build(&spec);
+    wait_for_parent(parent_done);
+    let built = built.and_then(|()| settle_fds(self_exe));
+    let self_exe = match built {
+        Ok(fd) => fd,
+        Err(e) => {
+            let _ = channel.send(&InitSays::Failed { message: e.to_string() });
+            sys::exit_now(1)
+        }
+    };
+    if channel.send(&InitSays::Ready).is_err() {
+        sys::exit_now(1)
+    }
+    if retire_setup_socket(channel).is_err() {
+        // The host already read `Ready`; ending the sandbox is the only way
+        // left to tell it.
+        sys::exit_now(1)
+    }
+    serve::run(self_exe)
+}
+
+fn build(spec: &BuildSpec) -> Result<(), InitError> {
+    rootfs::build(Path::new(&spec.rootfs))?;
+    rustix::system::sethostname(spec.hostname.as_bytes())
+        .step(|| format!("step 4: sethostname({:?})", spec.hostname))?;
+    if spec.loopback {
+        sys::bring_loopback_up().step(|| "step 4: bring up lo".into())?;
+    }
+    seal::apply()
+}
+
+/// Leaves open only 0-2, the setup socket, the listener and this binary.
+fn settle_fds(self_exe: OwnedFd) -> Result<OwnedFd, InitError> {
+    let self_exe = sys::move_fd(self_exe, SELF_EXE_FD).step(|| "step 4: move /proc/self/exe".into())?;
+    sys::close_from(SELF_EXE_FD + 1).step(|| "step 4: close_range".into())?;
+    Ok(self_exe)
+}
+
+/// Blocks until the forking parent has exited (its end of the pipe closes),
+/// i.e. until it has sent `Pid1`.
+fn wait_for_parent(parent_done: OwnedFd) {
+    let mut byte = [0u8; 1];
+    loop {
+        match rustix::io::read(&parent_done, &mut byte) {
+            Err(rustix::io::Errno::INTR) => {}
+            Ok(n) if n > 0 => {}
+            _ => return,
+        }
+    }
+}
+
+/// Closes the setup socket but keeps its number taken by `/dev/null`, so no
+/// later pipe or connection ever gets fd 3: session commands rely on fds 3
+/// and 4 being free to overwrite in the child.
+fn retire_setup_socket(channel: SetupChannel) -> Result<(), InitError> {
+    let placeholder = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .step(|| "open /dev/null".into())?;
+    // dup3 closes the socket's descriptor when it puts the placeholder
+    // there, so the socket's handle is given up, not closed.
+    let _socket_fd = channel.into_fd().into_raw_fd();
+    let placeholder = sys::move_fd(placeholder, SETUP_FD).step(|| "retire the setup socket".into())?;
+    let _kept_forever = placeholder.into_raw_fd();
+    Ok(())
+}

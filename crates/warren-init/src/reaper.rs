@@ -1,0 +1,196 @@
+//! PID 1 reaps every process that ends in the sandbox, with ONE thread:
+//! nothing else in init ever waits for a child (std's `Child::wait` would
+//! race it).
+//!
+//! No status can go to the wrong exec, even with pid reuse:
+//! - an exec registers its pid while holding the registry lock, and holds
+//!   it from before `fork` until the pid is registered, so the reaper can
+//!   never reap an exec's process before its waiter exists;
+//! - the reaper first *peeks* at an exited child (`waitid(WNOWAIT)`), which
+//!   leaves the zombie and so keeps its pid from being reused, then takes
+//!   the lock and only then reaps it and looks up its waiter.
+//!
+//! So no status ever has to be parked for a later registration: a status
+//! with no waiter belongs to an orphan (or to a failed spawn std already
+//! reaped) and is dropped.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+use crate::sys;
+
+/// How a process ended, in the protocol's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitReport {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub cpu_user_us: u64,
+    pub cpu_system_us: u64,
+    pub max_rss_bytes: u64,
+}
+
+impl ExitReport {
+    fn from_reaped(reaped: &sys::Reaped) -> ExitReport {
+        let status = reaped.status;
+        let (exit_code, signal) = if libc::WIFEXITED(status) {
+            (Some(libc::WEXITSTATUS(status)), None)
+        } else if libc::WIFSIGNALED(status) {
+            (None, Some(libc::WTERMSIG(status)))
+        } else {
+            (None, None)
+        };
+        let micros = |tv: libc::timeval| (tv.tv_sec.max(0) as u64) * 1_000_000 + tv.tv_usec.max(0) as u64;
+        ExitReport {
+            exit_code,
+            signal,
+            cpu_user_us: micros(reaped.rusage.ru_utime),
+            cpu_system_us: micros(reaped.rusage.ru_stime),
+            // Linux reports ru_maxrss in KiB.
+            max_rss_bytes: (reaped.rusage.ru_maxrss.max(0) as u64) * 1024,
+        }
+    }
+}
+
+/// What an exec holds to learn its process's end: the report arrives on
+/// `report`, and `wake` (a pipe's read end) reaches EOF at the same moment,
+/// so a `poll` loop can wait for it next to its other descriptors.
+pub struct ExitWaiter {
+    pub report: Receiver<ExitReport>,
+    pub wake: OwnedFd,
+}
+
+struct Waiter {
+    report: SyncSender<ExitReport>,
+    /// Dropped right after the report is sent: that is the wake-up.
+    _wake: OwnedFd,
+}
+
+#[derive(Default)]
+struct Inner {
+    waiters: HashMap<i32, Waiter>,
+    /// Counts registrations, so an idle reaper knows when a child may exist.
+    generation: u64,
+}
+
+#[derive(Default)]
+pub struct Registry {
+    inner: Mutex<Inner>,
+    registered: Condvar,
+}
+
+impl Registry {
+    /// Starts the reaper thread.
+    pub fn start() -> io::Result<Arc<Registry>> {
+        let registry = Arc::new(Registry::default());
+        let reaper = Arc::clone(&registry);
+        std::thread::Builder::new().name("reaper".into()).stack_size(64 * 1024).spawn(move || reaper.reap_forever())?;
+        Ok(registry)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `spawn` (which forks and returns the child's pid) under the
+    /// registry lock and registers the pid before the lock is released.
+    pub fn spawn_registered<T>(&self, spawn: impl FnOnce() -> io::Result<(i32, T)>) -> io::Result<(T, ExitWaiter)> {
+        let (wake_rx, wake_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        let (report_tx, report_rx) = mpsc::sync_channel(1);
+        let mut inner = self.lock();
+        let (pid, spawned) = spawn()?;
+        inner.waiters.insert(pid, Waiter { report: report_tx, _wake: wake_tx });
+        inner.generation += 1;
+        drop(inner);
+        self.registered.notify_all();
+        Ok((spawned, ExitWaiter { report: report_rx, wake: wake_rx }))
+    }
+
+    fn reap_forever(&self) {
+        loop {
+            let seen = self.lock().generation;
+            match sys::wait_any_exited_peek() {
+                Ok(pid) => self.reap_one(pid),
+                Err(e) if e.raw_os_error() == Some(libc::ECHILD) => self.wait_for_registration(seen),
+                // EINTR, or nothing sensible to do but try again.
+                Err(_) => {}
+            }
+        }
+    }
+
+    fn reap_one(&self, pid: i32) {
+        let mut inner = self.lock();
+        // ECHILD: std reaped a child whose exec failed, under our lock.
+        let Ok(reaped) = sys::reap(pid) else { return };
+        if let Some(waiter) = inner.waiters.remove(&pid) {
+            // The receiver may be gone (its exec ended on a broken
+            // connection); the status then has nobody to go to.
+            let _ = waiter.report.send(ExitReport::from_reaped(&reaped));
+        }
+    }
+
+    /// Init has no children: none can appear until an exec registers one
+    /// (orphans only ever come from descendants).
+    fn wait_for_registration(&self, seen: u64) {
+        let mut inner = self.lock();
+        while inner.generation == seen {
+            inner = self.registered.wait(inner).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reaped(status: i32, user_us: i64, sys_us: i64, maxrss_kib: i64) -> sys::Reaped {
+        // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+        let mut rusage: libc::rusage = unsafe { std::mem::zeroed() };
+        rusage.ru_utime = libc::timeval { tv_sec: user_us / 1_000_000, tv_usec: user_us % 1_000_000 };
+        rusage.ru_stime = libc::timeval { tv_sec: sys_us / 1_000_000, tv_usec: sys_us % 1_000_000 };
+        rusage.ru_maxrss = maxrss_kib;
+        sys::Reaped { status, rusage }
+    }
+
+    /// The only test of this binary that starts processes: the reaper
+    /// waits for any child of the test process.
+    #[test]
+    fn reaper_delivers_each_exit_to_its_exec_even_after_a_failed_spawn() {
+        use std::process::Command;
+        let registry = Registry::start().unwrap();
+        let spawn = |program: &str, args: &[&str]| {
+            let mut command = Command::new(program);
+            command.args(args);
+            registry.spawn_registered(|| {
+                let child = command.spawn()?;
+                Ok((child.id() as i32, ()))
+            })
+        };
+        // std reaps a child whose exec failed by itself: that must neither
+        // panic std (the reaper got there first) nor confuse the reaper.
+        assert!(spawn("/nonexistent/program", &[]).is_err());
+        let waiters: Vec<ExitWaiter> =
+            (0..5).map(|i| spawn("/bin/sh", &["-c", &format!("exit {i}")]).unwrap().1).collect();
+        for (i, waiter) in waiters.into_iter().enumerate() {
+            let report = waiter.report.recv().unwrap();
+            assert_eq!(report.exit_code, Some(i as i32));
+            // The wake-up descriptor reaches EOF once the report is sent.
+            let mut byte = [0u8; 1];
+            assert_eq!(rustix::io::read(&waiter.wake, &mut byte), Ok(0));
+        }
+    }
+
+    #[test]
+    fn exit_report_decodes_wait_status_and_rusage() {
+        let exited = ExitReport::from_reaped(&reaped(3 << 8, 2_500_000, 42, 1000));
+        assert_eq!(exited.exit_code, Some(3));
+        assert_eq!(exited.signal, None);
+        assert_eq!(exited.cpu_user_us, 2_500_000);
+        assert_eq!(exited.cpu_system_us, 42);
+        assert_eq!(exited.max_rss_bytes, 1_024_000);
+        let killed = ExitReport::from_reaped(&reaped(libc::SIGKILL, 0, 0, 0));
+        assert_eq!((killed.exit_code, killed.signal), (None, Some(libc::SIGKILL)));
+    }
+}

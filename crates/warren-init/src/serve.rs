@@ -1,0 +1,91 @@
+//! PID 1's service loop: accept the host's connections on the inherited
+//! listener, one thread per connection.
+//!
+//! Only the host may talk to init. The listener's path lives in a host
+//! directory the sandbox cannot reach, and on top of that every peer must
+//! live outside the sandbox's pid namespace: `SO_PEERCRED` then reports
+//! pid 0, while any process inside the sandbox has a nonzero pid here. A
+//! sandbox process that somehow got hold of the socket still cannot forge
+//! a control message.
+
+use std::io;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use warren_init::proto::{self, FrameKind, Request, Response, LISTEN_FD};
+
+use crate::exec::{self, Context};
+use crate::reaper::Registry;
+use crate::sys;
+
+/// Stack of a connection thread: the pump keeps its buffers on the heap.
+const CONNECTION_STACK_BYTES: usize = 256 * 1024;
+
+pub fn run(self_exe: OwnedFd) -> ! {
+    // SAFETY: the host hands init fd LISTEN_FD as a listening unix socket
+    // and nothing else in this process owns it; it is wrapped once, here.
+    let listener = unsafe { UnixListener::from_raw_fd(LISTEN_FD) };
+    if rustix::io::fcntl_setfd(&listener, rustix::io::FdFlags::CLOEXEC).is_err() {
+        sys::exit_now(1)
+    }
+    let registry = match Registry::start() {
+        Ok(registry) => registry,
+        Err(_) => sys::exit_now(1),
+    };
+    let ctx = Arc::new(Context { registry, self_exe });
+    loop {
+        match listener.accept() {
+            Ok((conn, _)) => admit(&ctx, conn),
+            Err(e) => wait_after_accept_error(&e),
+        }
+    }
+}
+
+fn admit(ctx: &Arc<Context>, conn: UnixStream) {
+    match sys::peer_pid(conn.as_fd()) {
+        Ok(0) => {}
+        // Inside the sandbox (or unknowable): refuse by closing.
+        _ => return,
+    }
+    let ctx = Arc::clone(ctx);
+    // On failure the closure, and with it the connection, is dropped: the
+    // host sees the connection close.
+    let _ = std::thread::Builder::new()
+        .name("conn".into())
+        .stack_size(CONNECTION_STACK_BYTES)
+        .spawn(move || serve_connection(&ctx, conn));
+}
+
+/// Out of descriptors or memory: the condition passes as execs end, so wait
+/// a little instead of spinning on `accept`.
+fn wait_after_accept_error(e: &io::Error) {
+    match e.raw_os_error() {
+        Some(libc::EINTR) | Some(libc::ECONNABORTED) => {}
+        Some(libc::EBADF) | Some(libc::EINVAL) | Some(libc::ENOTSOCK) => {
+            // The listener itself is broken: the sandbox cannot be driven
+            // any more, so end it.
+            sys::exit_now(1)
+        }
+        _ => std::thread::sleep(Duration::from_millis(10)),
+    }
+}
+
+fn serve_connection(ctx: &Context, mut conn: UnixStream) {
+    let request = match proto::read_frame(&mut conn) {
+        Ok(Some((FrameKind::Request, payload))) => serde_json::from_slice::<Request>(&payload),
+        _ => return,
+    };
+    match request {
+        Ok(Request::Ping) => {
+            let pong = Response::Pong { init_version: env!("CARGO_PKG_VERSION").to_string() };
+            let _ = proto::write_json(&mut conn, FrameKind::Response, &pong);
+        }
+        Ok(Request::Exec(spec)) => exec::run(ctx, conn, spec),
+        Err(e) => {
+            let error = Response::Error { message: format!("bad request: {e}"), not_found: false };
+            let _ = proto::write_json(&mut conn, FrameKind::Response, &error);
+        }
+    }
+}

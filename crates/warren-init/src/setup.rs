@@ -1,0 +1,170 @@
+//! Steps 1 to 3 of the setup sequence (see `proto::setup`), run by the
+//! process the host exec'd: become non-dumpable, enter a fresh user
+//! namespace, let the host map it, become root in it, unshare the remaining
+//! namespaces and fork the sandbox's PID 1.
+//!
+//! The host exec'd this binary from its own filesystem as host root, so this
+//! process's memory belongs to the initial user namespace: made non-dumpable
+//! before anything else, neither it nor the PID 1 forked from it can be
+//! ptraced or have its descriptors opened by root inside the sandbox.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+
+use rustix::process::DumpableBehavior;
+use rustix::thread::{Gid, Uid, UnshareFlags};
+
+use crate::error::{InitError, StepContext};
+use crate::pid1;
+use crate::sys::{self, Forked};
+use warren_init::proto::setup::{BuildSpec, HostSays, InitSays};
+use warren_init::proto::SETUP_FD;
+
+/// Longest line the host may send on the setup socket.
+const MAX_SETUP_LINE_BYTES: usize = 1 << 20;
+
+/// The setup socket (fd [`SETUP_FD`]): one JSON object per line each way.
+pub struct SetupChannel {
+    socket: File,
+}
+
+impl SetupChannel {
+    /// Takes ownership of the inherited setup socket.
+    pub fn inherit() -> SetupChannel {
+        // SAFETY: the host hands init fd SETUP_FD open, and nothing else in
+        // this process owns it; it is wrapped exactly once, here.
+        SetupChannel { socket: unsafe { File::from_raw_fd(SETUP_FD) } }
+    }
+
+    pub fn send(&mut self, message: &InitSays) -> Result<(), InitError> {
+        let mut line = serde_json::to_vec(message).map_err(|e| InitError::Protocol(e.to_string()))?;
+        line.push(b'\n');
+        self.socket.write_all(&line).step(|| "write to the setup socket".into())
+    }
+
+    /// Reads one line byte by byte, so nothing after it is consumed.
+    fn read_line(&mut self) -> Result<Vec<u8>, InitError> {
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        loop {
+            match self.socket.read(&mut byte) {
+                Ok(0) => return Err(InitError::Protocol("the host closed the setup socket".into())),
+                Ok(_) if byte[0] == b'\n' => return Ok(line),
+                Ok(_) if line.len() >= MAX_SETUP_LINE_BYTES => {
+                    return Err(InitError::Protocol("setup line too long".into()))
+                }
+                Ok(_) => line.push(byte[0]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(InitError::Sys { step: "read the setup socket".into(), source: e }),
+            }
+        }
+    }
+
+    fn read_build(&mut self) -> Result<BuildSpec, InitError> {
+        let line = self.read_line()?;
+        match serde_json::from_slice::<HostSays>(&line) {
+            Ok(HostSays::Build(spec)) => Ok(spec),
+            Err(e) => Err(InitError::Protocol(format!("bad host message: {e}"))),
+        }
+    }
+
+    /// Gives the socket's descriptor back (PID 1 replaces it with a
+    /// placeholder so its number is never reused).
+    pub fn into_fd(self) -> OwnedFd {
+        self.socket.into()
+    }
+}
+
+/// Runs the whole setup; never returns. The parent half exits 0 after
+/// reporting PID 1, the child half becomes PID 1 and serves.
+pub fn run() -> ! {
+    let mut channel = SetupChannel::inherit();
+    let (mut channel, failure) = match prepare(&mut channel) {
+        Ok(prepared) => fork_pid1(channel, prepared),
+        Err(e) => (channel, e),
+    };
+    let _ = channel.send(&InitSays::Failed { message: failure.to_string() });
+    sys::exit_now(1)
+}
+
+/// What steps 1 and 2 produced, carried into the fork.
+struct Prepared {
+    spec: BuildSpec,
+    self_exe: OwnedFd,
+}
+
+fn prepare(channel: &mut SetupChannel) -> Result<Prepared, InitError> {
+    rustix::process::set_dumpable_behavior(DumpableBehavior::NotDumpable)
+        .step(|| "step 1: prctl(PR_SET_DUMPABLE, 0)".into())?;
+    // Opened now, while the host's filesystem is still this process's root:
+    // session commands later exec this very binary through it.
+    let self_exe = rustix::fs::open(
+        "/proc/self/exe",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .step(|| "step 1: open /proc/self/exe".into())?;
+    // SAFETY: init is single-threaded here (no thread was ever started) and
+    // only NEWUSER is unshared, never the descriptor table.
+    unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWUSER) }
+        .step(|| "step 1: unshare(CLONE_NEWUSER)".into())?;
+    channel.send(&InitSays::UsernsReady)?;
+    let spec = channel.read_build()?;
+    become_root()?;
+    // SAFETY: still single-threaded; the descriptor table is not unshared.
+    unsafe {
+        rustix::thread::unshare_unsafe(
+            UnshareFlags::NEWNS
+                | UnshareFlags::NEWPID
+                | UnshareFlags::NEWIPC
+                | UnshareFlags::NEWUTS
+                | UnshareFlags::NEWNET
+                | UnshareFlags::NEWCGROUP,
+        )
+    }
+    .step(|| "step 3: unshare(mount, pid, ipc, uts, net, cgroup namespaces)".into())?;
+    Ok(Prepared { spec, self_exe })
+}
+
+/// Takes uid and gid 0 of the new user namespace (mapped by the host to the
+/// sandbox's base id). The raw, per-thread calls are right: init has one
+/// thread.
+fn become_root() -> Result<(), InitError> {
+    let root_gid = Gid::from_raw(0);
+    let root_uid = Uid::from_raw(0);
+    rustix::thread::set_thread_res_gid(root_gid, root_gid, root_gid).step(|| "step 3: setresgid(0, 0, 0)".into())?;
+    // Supplementary groups inherited from the host would show up as
+    // `nogroup`; drop them when the host's gid_map write allows it.
+    match rustix::thread::set_thread_groups(&[]) {
+        Ok(()) | Err(rustix::io::Errno::PERM) => {}
+        Err(e) => return Err(e).step(|| "step 3: setgroups([])".into()),
+    }
+    rustix::thread::set_thread_res_uid(root_uid, root_uid, root_uid).step(|| "step 3: setresuid(0, 0, 0)".into())
+}
+
+/// Forks PID 1 of the new pid namespace. Returns only on failure, handing
+/// the channel back to report it.
+fn fork_pid1(mut channel: SetupChannel, prepared: Prepared) -> (SetupChannel, InitError) {
+    // Closed when the parent exits: PID 1 waits for that before it speaks,
+    // so the host always reads `Pid1` before `Ready` or `Failed`.
+    let (parent_done_rx, parent_done_tx) = match rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) {
+        Ok(pair) => pair,
+        Err(e) => return (channel, InitError::Sys { step: "step 3: pipe".into(), source: e.into() }),
+    };
+    // SAFETY: init is single-threaded (no thread was ever started).
+    match unsafe { sys::fork() } {
+        Err(e) => (channel, InitError::Sys { step: "step 3: fork".into(), source: e }),
+        Ok(Forked::Parent { child }) => {
+            let code = match channel.send(&InitSays::Pid1 { pid: child }) {
+                Ok(()) => 0,
+                Err(_) => 1,
+            };
+            sys::exit_now(code)
+        }
+        Ok(Forked::Child) => {
+            drop(parent_done_tx);
+            pid1::run(channel, prepared.spec, prepared.self_exe, parent_done_rx)
+        }
+    }
+}

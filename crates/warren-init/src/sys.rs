@@ -1,0 +1,212 @@
+//! The system calls `rustix` does not wrap (or wraps in a way init cannot
+//! use), each behind a safe function. All `unsafe` of init's own logic
+//! outside `pre_exec` hooks lives here.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+/// What `fork` returned to this process.
+pub enum Forked {
+    Parent { child: i32 },
+    Child,
+}
+
+/// Forks the calling process.
+///
+/// # Safety
+/// The process must be single-threaded: after `fork` the child may only use
+/// state no other thread could have held locked.
+pub unsafe fn fork() -> io::Result<Forked> {
+    // SAFETY: the caller guarantees there is no other thread, so the child
+    // inherits no lock held mid-update.
+    match unsafe { libc::fork() } {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(Forked::Child),
+        child => Ok(Forked::Parent { child }),
+    }
+}
+
+/// Ends the process at once, without running destructors or `atexit`
+/// handlers (the forking parent must not flush or free anything it shares
+/// with the child).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: `_exit` takes no pointers and never returns.
+    unsafe { libc::_exit(code) }
+}
+
+/// Waits until any child has exited and returns its pid WITHOUT reaping it,
+/// so the pid cannot be reused before the caller decides who gets the status.
+pub fn wait_any_exited_peek() -> io::Result<i32> {
+    // SAFETY: an all-zero `siginfo_t` is a valid value of this plain C struct.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a valid, writable siginfo_t for the call's duration.
+    let rc = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT | libc::__WALL) };
+    if rc == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: waitid filled `info` for a child that changed state, so the
+    // child-related fields of the union are the ones set.
+    Ok(unsafe { info.si_pid() })
+}
+
+/// The wait status and resource usage of a reaped process.
+pub struct Reaped {
+    pub status: i32,
+    pub rusage: libc::rusage,
+}
+
+/// Reaps `pid`, which the caller knows has exited (so this does not block).
+pub fn reap(pid: i32) -> io::Result<Reaped> {
+    let mut status = 0;
+    // SAFETY: an all-zero `rusage` is a valid value of this plain C struct.
+    let mut rusage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: `status` and `rusage` are valid and writable for the call.
+        let rc = unsafe { libc::wait4(pid, &mut status, libc::__WALL, &mut rusage) };
+        if rc == pid {
+            return Ok(Reaped { status, rusage });
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// The pid of the process at the other end of a unix socket, as seen from
+/// this process's pid namespace: 0 when the peer lives outside it.
+///
+/// (`rustix`'s `socket_peercred` cannot be used: its `Pid` is non-zero by
+/// type, and 0 is exactly the answer that matters here.)
+pub fn peer_pid(socket: BorrowedFd<'_>) -> io::Result<i32> {
+    let mut cred = libc::ucred { pid: -1, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a writable ucred and `len` holds its exact size.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    if len as usize != std::mem::size_of::<libc::ucred>() {
+        return Err(io::Error::other("short SO_PEERCRED answer"));
+    }
+    Ok(cred.pid)
+}
+
+/// Closes every descriptor numbered `first` or above.
+pub fn close_from(first: RawFd) -> io::Result<()> {
+    // SAFETY: close_range only closes descriptors; the caller owns all of
+    // them (init is single-threaded and holds no other handle to them).
+    if unsafe { libc::close_range(first as libc::c_uint, libc::c_uint::MAX, 0) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Moves `fd` to the exact number `target` (close-on-exec), closing
+/// whatever was there. Returns the descriptor now owning `target`.
+pub fn move_fd(fd: OwnedFd, target: RawFd) -> io::Result<OwnedFd> {
+    if fd.as_raw_fd() == target {
+        return Ok(fd);
+    }
+    // SAFETY: dup3 only duplicates `fd`; replacing `target` is the point,
+    // and the caller owns whatever descriptor had that number.
+    let rc = unsafe { libc::dup3(fd.as_raw_fd(), target, libc::O_CLOEXEC) };
+    if rc == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: dup3 succeeded, so `target` is an open descriptor that nothing
+    // else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(target) })
+}
+
+/// Sets `IFF_UP` on the loopback interface of this network namespace.
+pub fn bring_loopback_up() -> io::Result<()> {
+    use rustix::net::{socket_with, AddressFamily, SocketFlags, SocketType};
+    let sock = socket_with(AddressFamily::INET, SocketType::DGRAM, SocketFlags::CLOEXEC, None)?;
+    // SAFETY: an all-zero `ifreq` is a valid value of this plain C struct.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: `req` is a valid ifreq naming "lo"; SIOCGIFFLAGS writes only
+    // its flags member.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: SIOCGIFFLAGS just set the flags member of the union.
+    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+    // SAFETY: `req` is a valid ifreq; SIOCSIFFLAGS only reads it.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Drops capability `number` from the bounding set. `Ok(false)` when the
+/// kernel does not know the capability (the end of the list).
+pub fn drop_bounding_capability(number: u32) -> io::Result<bool> {
+    // SAFETY: PR_CAPBSET_DROP takes a capability number and no pointers.
+    let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, number as libc::c_ulong, 0, 0, 0) };
+    if rc == -1 {
+        let err = io::Error::last_os_error();
+        return match err.raw_os_error() {
+            Some(libc::EINVAL) => Ok(false),
+            _ => Err(err),
+        };
+    }
+    Ok(true)
+}
+
+/// Sends `signal` to `pid`; a process that is already gone is not an error.
+pub fn signal(pid: i32, signal: i32) {
+    // SAFETY: kill takes no pointers. Failure (ESRCH: the process is gone)
+    // is what the caller's next scan observes anyway.
+    unsafe { libc::kill(pid, signal) };
+}
+
+/// The kernel's `struct sigaction` for `rt_sigaction` (x86_64 and the
+/// generic layout): not glibc's, which differs.
+#[repr(C)]
+struct KernelSigaction {
+    handler: libc::sighandler_t,
+    flags: libc::c_ulong,
+    restorer: usize,
+    mask: u64,
+}
+
+/// Sets every signal's disposition to the default, in a child between
+/// `fork` and `exec`. Ignored signals survive `exec`; a command must not
+/// inherit whatever the host process happened to ignore. Raw system calls,
+/// because glibc refuses to touch its internal signals (32, 33), and
+/// because this runs where only async-signal-safe calls are allowed.
+///
+/// # Safety
+/// Only for a single-threaded child about to `exec`: it also drops any
+/// handler the parent's libraries installed.
+pub unsafe fn reset_signal_dispositions() {
+    let default = KernelSigaction { handler: libc::SIG_DFL, flags: 0, restorer: 0, mask: 0 };
+    for signal in 1..=64 {
+        if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: `default` is a valid kernel sigaction and the size is the
+        // kernel's sigset size; an unknown signal number only fails EINVAL.
+        unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                signal,
+                &default as *const KernelSigaction,
+                std::ptr::null_mut::<KernelSigaction>(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+    }
+}

@@ -1,0 +1,281 @@
+//! One exec as the node sees it: a durable id, bounded captures of both
+//! streams, the deadline the node enforces, and readers that can join (or
+//! re-join from an offset) at any time.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use base64::Engine as _;
+use futures_util::Stream;
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::time::Instant;
+use warren_api::{ExecFrame, ExecOutput, ExecResult, ExecStatus, StreamName};
+use warren_backend::{ExecControl, ExecEvent, ExecProcess, ExitInfo};
+
+use crate::capture::{Capture, Chunk};
+use crate::now_ms;
+
+/// How long a killed tree may take to report its exit before the node gives up on it.
+const KILL_GRACE: Duration = Duration::from_secs(10);
+
+pub struct ExecEntry {
+    pub id: String,
+    pub session_id: Option<String>,
+    started_at_ms: u64,
+    started: Instant,
+    state: Mutex<ExecState>,
+    /// Bumped on every change; readers wait on it.
+    version: watch::Sender<u64>,
+    kill: Notify,
+    kill_requested: AtomicBool,
+}
+
+struct ExecState {
+    stdout: Capture,
+    stderr: Capture,
+    result: Option<ExecResult>,
+}
+
+/// How an exec ended, before it is turned into an [`ExecResult`].
+pub struct Finish {
+    pub status: ExecStatus,
+    pub exit: Option<ExitInfo>,
+}
+
+impl ExecEntry {
+    pub fn new(id: String, session_id: Option<String>, output_cap: u64) -> Arc<Self> {
+        Arc::new(ExecEntry {
+            id,
+            session_id,
+            started_at_ms: now_ms(),
+            started: Instant::now(),
+            state: Mutex::new(ExecState {
+                stdout: Capture::new(output_cap),
+                stderr: Capture::new(output_cap),
+                result: None,
+            }),
+            version: watch::channel(0).0,
+            kill: Notify::new(),
+            kill_requested: AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ExecState> {
+        // A poisoned capture is still a valid capture: every mutation is a single append.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn bump(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.lock().result.is_some()
+    }
+
+    /// Asks the driving task to kill the process tree; the exec ends `killed`.
+    pub fn request_kill(&self) {
+        self.kill_requested.store(true, Ordering::SeqCst);
+        self.kill.notify_one();
+    }
+
+    fn append(&self, stream: StreamName, data: &[u8]) {
+        {
+            let mut st = self.lock();
+            match stream {
+                StreamName::Stdout => st.stdout.append(data),
+                StreamName::Stderr => st.stderr.append(data),
+            }
+        }
+        self.bump();
+    }
+
+    /// The result so far: `running` until the exec ends.
+    pub fn result(&self, with_output: bool) -> ExecResult {
+        let st = self.lock();
+        let mut r = st.result.clone().unwrap_or_else(|| ExecResult {
+            exec_id: self.id.clone(),
+            status: ExecStatus::Running,
+            exit_code: None,
+            signal: None,
+            wall_time_secs: self.started.elapsed().as_secs_f64(),
+            cpu_time_secs: 0.0,
+            peak_memory_bytes: 0,
+            started_at_ms: self.started_at_ms,
+            ended_at_ms: None,
+            session_id: self.session_id.clone(),
+            output: None,
+        });
+        if with_output {
+            r.output = Some(ExecOutput { stdout: st.stdout.to_output(), stderr: st.stderr.to_output() });
+        }
+        r
+    }
+
+    fn finish(&self, finish: Finish) {
+        {
+            let mut st = self.lock();
+            if st.result.is_some() {
+                return;
+            }
+            let exit = finish.exit.as_ref();
+            st.result = Some(ExecResult {
+                exec_id: self.id.clone(),
+                status: finish.status,
+                exit_code: exit.and_then(|e| e.exit_code),
+                signal: exit.and_then(|e| e.signal),
+                wall_time_secs: self.started.elapsed().as_secs_f64(),
+                cpu_time_secs: exit.map(|e| e.cpu_time.as_secs_f64()).unwrap_or(0.0),
+                peak_memory_bytes: exit.map(|e| e.peak_memory_bytes).unwrap_or(0),
+                started_at_ms: self.started_at_ms,
+                ended_at_ms: Some(now_ms()),
+                session_id: self.session_id.clone(),
+                output: None,
+            });
+        }
+        self.bump();
+    }
+
+    /// Frames a reader at the given offsets has not seen yet; the `End` frame
+    /// comes last, once the exec has ended and everything before it was read.
+    fn frames_from(&self, offsets: &mut [u64; 2]) -> (Vec<ExecFrame>, bool) {
+        let st = self.lock();
+        let mut frames = Vec::new();
+        for (i, (name, cap)) in
+            [(StreamName::Stdout, &st.stdout), (StreamName::Stderr, &st.stderr)].into_iter().enumerate()
+        {
+            for chunk in cap.read_from(offsets[i]) {
+                match chunk {
+                    Chunk::Data { offset, bytes } => {
+                        offsets[i] = offset + bytes.len() as u64;
+                        frames.push(ExecFrame::Output {
+                            stream: name,
+                            offset,
+                            data_b64: base64::engine::general_purpose::STANDARD.encode(&bytes),
+                        });
+                    }
+                    Chunk::Gap { offset, len } => {
+                        offsets[i] = offset + len;
+                        frames.push(ExecFrame::Gap { stream: name, offset, dropped_bytes: len });
+                    }
+                }
+            }
+        }
+        let done = match &st.result {
+            Some(r) => {
+                frames.push(ExecFrame::End { result: Box::new(r.clone()) });
+                true
+            }
+            None => false,
+        };
+        (frames, done)
+    }
+
+    /// A live stream of frames from the given offsets to the end. Dropping the
+    /// stream (a client disconnecting) does not touch the exec.
+    pub fn stream(
+        self: &Arc<Self>,
+        stdout_offset: u64,
+        stderr_offset: u64,
+        first: Option<ExecFrame>,
+    ) -> impl Stream<Item = ExecFrame> + Send + 'static {
+        let (tx, rx) = mpsc::channel::<ExecFrame>(32);
+        let entry = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Some(f) = first {
+                if tx.send(f).await.is_err() {
+                    return;
+                }
+            }
+            let mut version = entry.version.subscribe();
+            let mut offsets = [stdout_offset, stderr_offset];
+            loop {
+                version.borrow_and_update();
+                let (frames, done) = entry.frames_from(&mut offsets);
+                for f in frames {
+                    if tx.send(f).await.is_err() {
+                        return;
+                    }
+                }
+                if done || version.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) })
+    }
+
+    /// Pumps a started process until it ends, enforcing `deadline`. Returns
+    /// the final exit information (for session state) once the result is set.
+    pub async fn drive(
+        self: Arc<Self>,
+        mut process: ExecProcess,
+        stdin: Option<Vec<u8>>,
+        deadline: Instant,
+    ) -> Option<ExitInfo> {
+        if let Some(data) = stdin {
+            if !data.is_empty() {
+                let _ = process.control.send(ExecControl::Stdin(data.into())).await;
+            }
+        }
+        let _ = process.control.send(ExecControl::StdinEof).await;
+        let mut timed_out = false;
+        let mut kill_deadline: Option<Instant> = None;
+        loop {
+            let grace = async {
+                match kill_deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                ev = process.events.recv() => match ev {
+                    Some(ExecEvent::Started { .. }) => {}
+                    Some(ExecEvent::Stdout(b)) => self.append(StreamName::Stdout, &b),
+                    Some(ExecEvent::Stderr(b)) => self.append(StreamName::Stderr, &b),
+                    Some(ExecEvent::Exited(info)) => {
+                        let status = if timed_out {
+                            ExecStatus::TimedOut
+                        } else if info.oom {
+                            ExecStatus::Oom
+                        } else if info.killed || self.kill_requested.load(Ordering::SeqCst) {
+                            ExecStatus::Killed
+                        } else {
+                            ExecStatus::Ok
+                        };
+                        self.finish(Finish { status, exit: Some(info.clone()) });
+                        return Some(info);
+                    }
+                    lost => {
+                        if let Some(ExecEvent::Lost(msg)) = lost {
+                            tracing::warn!(exec = %self.id, "exec channel lost: {msg}");
+                        }
+                        let status = if timed_out { ExecStatus::TimedOut } else { ExecStatus::Killed };
+                        self.finish(Finish { status, exit: None });
+                        return None;
+                    }
+                },
+                _ = tokio::time::sleep_until(deadline), if !timed_out && kill_deadline.is_none() => {
+                    timed_out = true;
+                    kill_deadline = Some(Instant::now() + KILL_GRACE);
+                    let _ = process.control.send(ExecControl::Kill).await;
+                }
+                _ = self.kill.notified(), if kill_deadline.is_none() => {
+                    kill_deadline = Some(Instant::now() + KILL_GRACE);
+                    let _ = process.control.send(ExecControl::Kill).await;
+                }
+                _ = grace => {
+                    let status = if timed_out { ExecStatus::TimedOut } else { ExecStatus::Killed };
+                    self.finish(Finish { status, exit: None });
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Ends an exec that never reached a process (or was lost across a restart).
+    pub fn finish_without_process(&self, status: ExecStatus) {
+        self.finish(Finish { status, exit: None });
+    }
+}

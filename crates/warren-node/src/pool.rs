@@ -1,0 +1,187 @@
+//! Warm pools: per (image, resource shape, network) a number of sandboxes is
+//! kept made and idle. A matching create claims one; the pool refills in the
+//! background. Members are never handed out twice and are not persisted: a
+//! restarted node sweeps them and makes fresh ones.
+
+use std::collections::{HashMap, VecDeque};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use warren_api::{NetworkMode, Resources};
+use warren_backend::{Driver, Liveness, SandboxHandle, SandboxSpec};
+
+use crate::{new_id, Node};
+
+/// `image=busybox,cpus=1,memory_mib=256,disk_mib=256,pids=512,network=none,size=4`;
+/// omitted keys take the create request's defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolSpec {
+    pub image: String,
+    pub resources: Resources,
+    pub network: NetworkMode,
+    pub size: usize,
+}
+
+impl FromStr for PoolSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let d = warren_api::CreateSandboxRequest::default();
+        let mut spec = PoolSpec {
+            image: d.image,
+            resources: Resources { cpus: d.cpus, memory_mib: d.memory_mib, disk_mib: d.disk_mib, pids: d.pids },
+            network: d.network,
+            size: 1,
+        };
+        for part in s.split(',').filter(|p| !p.is_empty()) {
+            let (k, v) = part.split_once('=').ok_or_else(|| format!("`{part}` is not key=value"))?;
+            let bad = |_| format!("bad value for {k}: `{v}`");
+            match k {
+                "image" => spec.image = v.to_string(),
+                "cpus" => spec.resources.cpus = v.parse().map_err(|_| format!("bad value for {k}: `{v}`"))?,
+                "memory_mib" => spec.resources.memory_mib = v.parse().map_err(bad)?,
+                "disk_mib" => spec.resources.disk_mib = v.parse().map_err(bad)?,
+                "pids" => spec.resources.pids = v.parse().map_err(bad)?,
+                "size" => spec.size = v.parse().map_err(bad)?,
+                "network" => {
+                    spec.network = match v {
+                        "none" => NetworkMode::None,
+                        "loopback" => NetworkMode::Loopback,
+                        _ => return Err(format!("bad value for network: `{v}`")),
+                    }
+                }
+                _ => return Err(format!("unknown pool key `{k}`")),
+            }
+        }
+        Ok(spec)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    image: String,
+    millicpus: u64,
+    memory_mib: u64,
+    disk_mib: u64,
+    pids: u32,
+    network: NetworkMode,
+}
+
+impl PoolKey {
+    pub fn new(image: &str, r: &Resources, network: NetworkMode) -> Self {
+        PoolKey {
+            image: image.to_string(),
+            millicpus: (r.cpus * 1000.0).round() as u64,
+            memory_mib: r.memory_mib,
+            disk_mib: r.disk_mib,
+            pids: r.pids,
+            network,
+        }
+    }
+}
+
+pub struct Pools {
+    specs: Vec<PoolSpec>,
+    members: Mutex<HashMap<PoolKey, VecDeque<SandboxHandle>>>,
+    wake: Notify,
+}
+
+impl Pools {
+    pub fn new(specs: Vec<PoolSpec>) -> Self {
+        Pools { specs, members: Mutex::new(HashMap::new()), wake: Notify::new() }
+    }
+
+    fn members(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, VecDeque<SandboxHandle>>> {
+        self.members.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn pop(&self, key: &PoolKey) -> Option<SandboxHandle> {
+        self.members().get_mut(key).and_then(VecDeque::pop_front)
+    }
+
+    /// Destroys every idle member (shutdown of a test server).
+    pub async fn drain(&self, driver: &dyn Driver) {
+        let all: Vec<SandboxHandle> = self.members().drain().flat_map(|(_, v)| v).collect();
+        for h in all {
+            let _ = driver.destroy(&h).await;
+        }
+    }
+}
+
+impl Node {
+    /// Takes a live idle member matching `key`, if any.
+    pub(crate) async fn claim_pooled(&self, key: &PoolKey) -> Option<SandboxHandle> {
+        let pools = &self.inner.pools;
+        loop {
+            let handle = pools.pop(key)?;
+            pools.wake.notify_one();
+            if self.inner.container.probe(&handle).await == Liveness::Alive {
+                return Some(handle);
+            }
+            let _ = self.inner.container.destroy(&handle).await;
+        }
+    }
+
+    pub(crate) async fn fill_pools_forever(self) {
+        let pools = &self.inner.pools;
+        if pools.specs.is_empty() {
+            return;
+        }
+        loop {
+            let mut failed = false;
+            for spec in &pools.specs {
+                let key = PoolKey::new(&spec.image, &spec.resources, spec.network);
+                while pools.members().get(&key).map_or(0, VecDeque::len) < spec.size {
+                    match self.make_member(spec).await {
+                        Ok(h) => pools.members().entry(key.clone()).or_default().push_back(h),
+                        Err(e) => {
+                            tracing::warn!(image = %spec.image, "cannot fill warm pool: {e}");
+                            failed = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            let wait = if failed { Duration::from_secs(5) } else { Duration::from_secs(1) };
+            let _ = tokio::time::timeout(wait, pools.wake.notified()).await;
+        }
+    }
+
+    async fn make_member(&self, spec: &PoolSpec) -> crate::Result<SandboxHandle> {
+        let image = self.inner.images.get(&spec.image)?;
+        let id = new_id("sb");
+        let sandbox = SandboxSpec {
+            id: id.clone(),
+            layers: image.layers().iter().map(|l| l.path().to_path_buf()).collect(),
+            resources: spec.resources.clone(),
+            network: spec.network,
+            hostname: id,
+        };
+        Ok(Arc::clone(&self.inner.container).create(&sandbox).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_spec_parses_and_names_bad_keys() {
+        let s: PoolSpec = "image=busybox,cpus=0.5,memory_mib=128,size=3,network=loopback".parse().unwrap();
+        assert_eq!((s.image.as_str(), s.resources.cpus, s.resources.memory_mib, s.size), ("busybox", 0.5, 128, 3));
+        assert_eq!(s.network, NetworkMode::Loopback);
+        assert!("colour=blue".parse::<PoolSpec>().unwrap_err().contains("colour"));
+        assert!("size=lots".parse::<PoolSpec>().unwrap_err().contains("size"));
+    }
+
+    #[test]
+    fn pool_keys_match_equal_shapes_only() {
+        let r = Resources { cpus: 1.0, memory_mib: 256, disk_mib: 256, pids: 512 };
+        let a = PoolKey::new("busybox", &r, NetworkMode::None);
+        assert_eq!(a, PoolKey::new("busybox", &r.clone(), NetworkMode::None));
+        assert_ne!(a, PoolKey::new("busybox", &r, NetworkMode::Loopback));
+        assert_ne!(a, PoolKey::new("busybox", &Resources { memory_mib: 512, ..r }, NetworkMode::None));
+    }
+}

@@ -1,0 +1,91 @@
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::{Result, StoreError};
+
+/// The store's tables. Fixed so that every backend can create them up front
+/// and a typo cannot make a new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Table {
+    Sandboxes,
+    Idempotency,
+    Execs,
+    Sessions,
+    Meta,
+}
+
+impl Table {
+    pub const ALL: [Table; 5] = [Table::Sandboxes, Table::Idempotency, Table::Execs, Table::Sessions, Table::Meta];
+
+    /// The table's stable on-disk name; renaming one loses its data.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Table::Sandboxes => "sandboxes",
+            Table::Idempotency => "idempotency",
+            Table::Execs => "execs",
+            Table::Sessions => "sessions",
+            Table::Meta => "meta",
+        }
+    }
+}
+
+impl std::fmt::Display for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A durable key-value store of byte values in fixed tables, keys ordered by
+/// their UTF-8 bytes. Synchronous: async callers use `spawn_blocking`, since
+/// a write waits for stable storage.
+pub trait StateStore: Send + Sync {
+    fn get(&self, t: Table, key: &str) -> Result<Option<Vec<u8>>>;
+    /// Inserts or overwrites. Durable when it returns.
+    fn put(&self, t: Table, key: &str, value: &[u8]) -> Result<()>;
+    /// Inserts only if absent; returns the existing value otherwise (atomic).
+    /// `None` means this call inserted.
+    fn put_if_absent(&self, t: Table, key: &str, value: &[u8]) -> Result<Option<Vec<u8>>>;
+    /// Returns whether the key existed.
+    fn delete(&self, t: Table, key: &str) -> Result<bool>;
+    /// All entries whose key starts with `prefix`, in ascending key order.
+    fn list(&self, t: Table, prefix: &str) -> Result<Vec<(String, Vec<u8>)>>;
+    /// Deletes all keys starting with `prefix` in one transaction; returns
+    /// how many there were.
+    fn delete_prefix(&self, t: Table, prefix: &str) -> Result<u64>;
+}
+
+/// Typed JSON access on top of any [`StateStore`], including `dyn` ones.
+pub trait StateStoreExt: StateStore {
+    fn get_json<T: DeserializeOwned>(&self, t: Table, key: &str) -> Result<Option<T>> {
+        self.get(t, key)?.map(|bytes| decode(t, key, &bytes)).transpose()
+    }
+
+    fn put_json<T: Serialize + ?Sized>(&self, t: Table, key: &str, value: &T) -> Result<()> {
+        self.put(t, key, &encode(t, key, value)?)
+    }
+
+    /// Like [`StateStore::put_if_absent`]; returns the existing value decoded.
+    fn put_json_if_absent<T: Serialize + DeserializeOwned>(&self, t: Table, key: &str, value: &T) -> Result<Option<T>> {
+        self.put_if_absent(t, key, &encode(t, key, value)?)?.map(|bytes| decode(t, key, &bytes)).transpose()
+    }
+
+    fn list_json<T: DeserializeOwned>(&self, t: Table, prefix: &str) -> Result<Vec<(String, T)>> {
+        self.list(t, prefix)?
+            .into_iter()
+            .map(|(key, bytes)| {
+                let value = decode(t, &key, &bytes)?;
+                Ok((key, value))
+            })
+            .collect()
+    }
+}
+
+impl<S: StateStore + ?Sized> StateStoreExt for S {}
+
+fn encode<T: Serialize + ?Sized>(t: Table, key: &str, value: &T) -> Result<Vec<u8>> {
+    serde_json::to_vec(value).map_err(|source| StoreError::Json { table: t.name(), key: key.to_owned(), source })
+}
+
+fn decode<T: DeserializeOwned>(t: Table, key: &str, bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|source| StoreError::Json { table: t.name(), key: key.to_owned(), source })
+}

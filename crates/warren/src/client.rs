@@ -1,0 +1,138 @@
+//! A small typed client of the HTTP API, for the CLI.
+
+use anyhow::{bail, Context, Result};
+use base64::Engine as _;
+use futures_util::StreamExt;
+use reqwest::{Method, RequestBuilder, Response};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use warren_api::*;
+
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(base: &str) -> Self {
+        Client { base: base.trim_end_matches('/').to_string(), http: reqwest::Client::new() }
+    }
+
+    fn req(&self, method: Method, path: &str) -> RequestBuilder {
+        self.http.request(method, format!("{}{}", self.base, path))
+    }
+
+    async fn check(resp: Response) -> Result<Response> {
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        match serde_json::from_str::<ApiError>(&text) {
+            Ok(e) => match e.field {
+                Some(f) => bail!("{} ({:?}, field `{f}`): {}", status, e.code, e.message),
+                None => bail!("{} ({:?}): {}", status, e.code, e.message),
+            },
+            Err(_) => bail!("{status}: {text}"),
+        }
+    }
+
+    async fn json<T: DeserializeOwned>(&self, rb: RequestBuilder) -> Result<T> {
+        let resp = rb.send().await.with_context(|| format!("cannot reach the Warren server at {}", self.base))?;
+        Ok(Self::check(resp).await?.json().await?)
+    }
+
+    pub async fn health(&self) -> Result<Health> {
+        self.json(self.req(Method::GET, "/v1/health")).await
+    }
+
+    pub async fn create(&self, req: &CreateSandboxRequest) -> Result<SandboxInfo> {
+        self.json(self.req(Method::POST, "/v1/sandboxes").json(req)).await
+    }
+
+    pub async fn get(&self, id: &str) -> Result<SandboxInfo> {
+        self.json(self.req(Method::GET, &format!("/v1/sandboxes/{id}"))).await
+    }
+
+    pub async fn list(&self, label: Option<&str>) -> Result<SandboxList> {
+        let mut rb = self.req(Method::GET, "/v1/sandboxes");
+        if let Some(l) = label {
+            rb = rb.query(&[("label", l)]);
+        }
+        self.json(rb).await
+    }
+
+    pub async fn delete(&self, id: &str) -> Result<SandboxInfo> {
+        self.json(self.req(Method::DELETE, &format!("/v1/sandboxes/{id}"))).await
+    }
+
+    /// Runs an exec, handing each output chunk to `on_output` as it arrives.
+    pub async fn exec_streaming(
+        &self,
+        path: &str,
+        req: &ExecRequest,
+        mut on_output: impl FnMut(StreamName, &[u8]),
+    ) -> Result<ExecResult> {
+        let resp = self.req(Method::POST, path).json(req).send().await.context("cannot reach the Warren server")?;
+        let mut body = Self::check(resp).await?.bytes_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        while let Some(chunk) = body.next().await {
+            buf.extend_from_slice(&chunk?);
+            while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=nl).collect();
+                match serde_json::from_slice::<ExecFrame>(&line)? {
+                    ExecFrame::Output { stream, data_b64, .. } => {
+                        on_output(stream, &base64::engine::general_purpose::STANDARD.decode(data_b64)?)
+                    }
+                    ExecFrame::Gap { stream, dropped_bytes, .. } => {
+                        on_output(stream, format!("\n[... {dropped_bytes} bytes dropped ...]\n").as_bytes())
+                    }
+                    ExecFrame::End { result } => return Ok(*result),
+                    ExecFrame::Started { .. } => {}
+                }
+            }
+        }
+        bail!("the server closed the exec stream before its end frame")
+    }
+
+    pub async fn create_session(&self, id: &str) -> Result<SessionInfo> {
+        self.json(
+            self.req(Method::POST, &format!("/v1/sandboxes/{id}/sessions")).json(&CreateSessionRequest::default()),
+        )
+        .await
+    }
+
+    pub async fn put_file(&self, id: &str, path: &str, mode: Option<&str>, body: reqwest::Body) -> Result<FileStat> {
+        let mut q = vec![("path", path)];
+        if let Some(m) = mode {
+            q.push(("mode", m));
+        }
+        self.json(self.req(Method::PUT, &format!("/v1/sandboxes/{id}/files")).query(&q).body(body)).await
+    }
+
+    pub async fn get_file(&self, id: &str, path: &str) -> Result<Response> {
+        let resp = self.req(Method::GET, &format!("/v1/sandboxes/{id}/files")).query(&[("path", path)]).send().await?;
+        Self::check(resp).await
+    }
+
+    pub async fn list_files(&self, id: &str, path: &str) -> Result<FileList> {
+        self.json(self.req(Method::GET, &format!("/v1/sandboxes/{id}/files/list")).query(&[("path", path)])).await
+    }
+
+    pub async fn images(&self) -> Result<ImageList> {
+        self.json(self.req(Method::GET, "/v1/images")).await
+    }
+
+    pub async fn import_dir(&self, name: &str, dir: &str) -> Result<ImageInfo> {
+        #[derive(Serialize)]
+        struct Req<'a> {
+            name: &'a str,
+            dir: &'a str,
+        }
+        self.json(self.req(Method::POST, "/v1/images").json(&Req { name, dir })).await
+    }
+
+    pub async fn import_tar(&self, name: &str, body: reqwest::Body) -> Result<ImageInfo> {
+        self.json(self.req(Method::PUT, &format!("/v1/images/{name}/tar")).body(body)).await
+    }
+}

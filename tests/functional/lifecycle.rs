@@ -1,0 +1,179 @@
+//! Sandbox lifecycle over HTTP: create, get, list, delete, idempotency,
+//! input validation, and the idle and lifetime reapers.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+use warren_api::{EndReason, ErrorCode, ExecRequest, ExecStatus, SandboxInfo, SandboxState, StreamName};
+use warren_tests::api::json_response;
+use warren_tests::*;
+
+/// Generous bound for a reaper to act on a 1-2 s timeout.
+const REAPER_WAIT: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn create_get_list_and_delete_ends_with_deleted() {
+    let server = TestServer::start().await;
+    let tag = unique_marker("tag");
+    let a = server.create(small(json!({"labels": {"suite": "lifecycle", "tag": tag}}))).await;
+    let b = server.create(small(json!({"labels": {"suite": "lifecycle", "tag": "other"}}))).await;
+    assert_ne!(a.id, b.id);
+    assert_eq!((a.image.as_str(), a.resources.memory_mib, a.resources.disk_mib), (IMAGE, 128, 64));
+
+    let got = server.get(&a.id).await;
+    assert_eq!((got.id.as_str(), got.state), (a.id.as_str(), SandboxState::Running));
+    assert_eq!(got.labels.get("tag"), Some(&tag));
+
+    let tagged: Vec<String> = server.list(Some(&format!("tag={tag}"))).await.into_iter().map(|s| s.id).collect();
+    assert_eq!(tagged, vec![a.id.clone()], "the label filter selects exactly the labelled sandbox");
+    let suite: BTreeSet<String> = server.list(Some("suite=lifecycle")).await.into_iter().map(|s| s.id).collect();
+    assert_eq!(suite, BTreeSet::from([a.id.clone(), b.id.clone()]));
+
+    let deleted = server.delete(&a.id).await;
+    assert_eq!((deleted.state, deleted.end_reason), (SandboxState::Ended, Some(EndReason::Deleted)));
+    assert!(deleted.ended_at_ms.is_some(), "an ended sandbox says when: {deleted:?}");
+    let after = server.get(&a.id).await;
+    assert_eq!((after.state, after.end_reason), (SandboxState::Ended, Some(EndReason::Deleted)));
+    let again = server.delete(&a.id).await;
+    assert_eq!(again.end_reason, Some(EndReason::Deleted), "deleting twice answers with the same end");
+
+    let (status, body) = server.try_exec_wait(&a.id, &json!({"command": "true"})).await;
+    assert_api_error(status, &body, ErrorCode::SandboxEnded, None);
+    assert_eq!(server.get(&b.id).await.state, SandboxState::Running, "deleting one sandbox leaves the other");
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn same_idempotency_key_answers_with_the_same_sandbox() {
+    let server = TestServer::start().await;
+    let key = unique_marker("key");
+    let req = small(json!({"idempotency_key": key}));
+    let (first, body1) = server.try_create(&req).await;
+    let (second, body2) = server.try_create(&req).await;
+    assert_eq!((first, second), (StatusCode::CREATED, StatusCode::OK), "{body1} / {body2}");
+    assert_eq!(body1["id"], body2["id"]);
+
+    let different = small(json!({"idempotency_key": key, "memory_mib": 256}));
+    let (status, body) = server.try_create(&different).await;
+    assert_api_error(status, &body, ErrorCode::IdempotencyConflict, Some("idempotency_key"));
+    assert_eq!(server.list(None).await.len(), 1, "no second sandbox was made");
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn concurrent_creates_with_one_key_make_one_sandbox() {
+    let server = TestServer::start().await;
+    let req = small(json!({"idempotency_key": unique_marker("race")}));
+    let answers = join_all((0..8).map(|_| server.try_create(&req))).await;
+    let made = answers.iter().filter(|(s, _)| *s == StatusCode::CREATED).count();
+    let replayed = answers.iter().filter(|(s, _)| *s == StatusCode::OK).count();
+    assert_eq!((made, replayed), (1, 7), "exactly one create makes the sandbox: {answers:?}");
+    let ids: BTreeSet<String> = answers.iter().map(|(_, b)| b["id"].as_str().unwrap_or_default().to_string()).collect();
+    assert_eq!(ids.len(), 1, "every answer names the same sandbox: {ids:?}");
+    for (_, body) in &answers {
+        assert_eq!(body["state"], "running", "a replayed answer waits for the create to finish: {body}");
+    }
+    assert_eq!(server.list(None).await.len(), 1);
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn unsupported_backends_answer_501_naming_backend() {
+    let server = TestServer::start().await;
+    for backend in ["function", "microvm", "vm"] {
+        let (status, body) = server.try_create(&small(json!({"backend": backend}))).await;
+        assert_api_error(status, &body, ErrorCode::UnsupportedBackend, Some("backend"));
+    }
+    assert!(server.list(None).await.is_empty());
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn bad_create_input_is_rejected_naming_the_field() {
+    let server = TestServer::start().await;
+    let cases = [
+        (small(json!({"bogus": 1})), "bogus"),
+        (small(json!({"cpus": 0})), "cpus"),
+        (small(json!({"cpus": "two"})), "cpus"),
+        (small(json!({"memory_mib": 1u64 << 40})), "memory_mib"),
+        (small(json!({"pids": 1})), "pids"),
+        (small(json!({"env": {"BAD=NAME": "x"}})), "env.BAD=NAME"),
+        (small(json!({"env": {"": "x"}})), "env."),
+        (small(json!({"network": "host"})), "network"),
+        (small(json!({"image": "no-such-image"})), "image"),
+        (small(json!({"idle_timeout_secs": 0})), "idle_timeout_secs"),
+    ];
+    let mut wrong = Vec::new();
+    for (req, field) in &cases {
+        let (status, body) = server.try_create(req).await;
+        wrong.extend(api_error_mismatch(status, &body, ErrorCode::InvalidRequest, Some(field)));
+    }
+    assert!(wrong.is_empty(), "rejections that do not name the field:\n{}", wrong.join("\n"));
+
+    let malformed = server
+        .http
+        .post(format!("{}/v1/sandboxes", server.url))
+        .header("content-type", "application/json")
+        .body("{\"image\": \"busybox\",");
+    let resp = api::send(malformed).await;
+    let content_type = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let (status, body) = json_response(resp).await;
+    assert_api_error(status, &body, ErrorCode::InvalidRequest, None);
+    assert!(content_type.starts_with("application/json"), "errors are JSON, got {content_type}");
+
+    assert!(server.list(None).await.is_empty(), "no rejected request made a sandbox");
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn unknown_sandbox_and_route_answer_404_json() {
+    let server = TestServer::start().await;
+    let (status, body) = server.try_get("sb-0000000000000000").await;
+    assert_api_error(status, &body, ErrorCode::NotFound, None);
+    let (status, body) = server.try_exec_wait("sb-0000000000000000", &json!({"command": "true"})).await;
+    assert_api_error(status, &body, ErrorCode::NotFound, None);
+    let (status, body) = server.call(Method::GET, "/v1/no-such-route", None).await;
+    assert_api_error(status, &body, ErrorCode::NotFound, None);
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn idle_sandbox_ends_with_idle_timeout() {
+    let server = TestServer::start().await;
+    let sb = server.create(small(json!({"idle_timeout_secs": 1}))).await;
+    let ended = server.wait_ended(&sb.id, REAPER_WAIT).await;
+    assert_eq!(ended.end_reason, Some(EndReason::IdleTimeout), "{ended:?}");
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn busy_sandbox_ends_at_its_lifetime() {
+    let server = TestServer::start().await;
+    let sb = server.create(small(json!({"lifetime_secs": 2, "idle_timeout_secs": 600}))).await;
+    let mut stream = server.exec_open(&sb.id, &ExecRequest::argv(["sleep", "1000"])).await;
+    let exec_id = stream.exec_id().await;
+    let ended = server.wait_ended(&sb.id, REAPER_WAIT).await;
+    assert_eq!(ended.end_reason, Some(EndReason::Lifetime), "{ended:?}");
+    let frames = stream.collect().await;
+    let result = end_result(&frames);
+    assert_eq!((result.exec_id.as_str(), result.status), (exec_id.as_str(), ExecStatus::Killed));
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn running_exec_keeps_an_idle_sandbox_alive() {
+    let server = TestServer::start().await;
+    let sb: SandboxInfo = server.create(small(json!({"idle_timeout_secs": 1}))).await;
+    // Runs for four idle timeouts; only the exec keeps the sandbox busy.
+    let frames = server.exec_stream(&sb.id, &ExecRequest::shell("sleep 4; echo done")).await;
+    let result = end_result(&frames);
+    assert_eq!((result.status, result.exit_code), (ExecStatus::Ok, Some(0)), "{result:?}");
+    assert_eq!(frame_bytes(&frames, StreamName::Stdout), b"done\n");
+    assert_eq!(server.get(&sb.id).await.state, SandboxState::Running, "the sandbox outlived its idle timeout");
+    let ended = server.wait_ended(&sb.id, REAPER_WAIT).await;
+    assert_eq!(ended.end_reason, Some(EndReason::IdleTimeout), "idle again after the exec: {ended:?}");
+    server.finish().await;
+}

@@ -1,0 +1,113 @@
+//! Resource limits hold: memory (OOM kills the command, not the sandbox),
+//! processes (a fork bomb stays inside), disk (the writable layer fills up,
+//! the host's disk does not), and network (none, or loopback only).
+
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+use warren_api::{ExecRequest, ExecStatus, SandboxState};
+use warren_tests::*;
+
+const MIB: u64 = 1 << 20;
+
+#[tokio::test]
+async fn memory_hog_is_oom_killed_and_the_sandbox_stays_usable() {
+    let server = TestServer::start().await;
+    let sb = server.create(small(json!({"memory_mib": 64}))).await;
+    // tail keeps everything after the last newline, and /dev/zero has none.
+    let r = server.sh(&sb.id, "head -c 400m /dev/zero | tail").await;
+    assert_eq!(r.status, ExecStatus::Oom, "{r:?}");
+    assert_eq!(server.sh_ok(&sb.id, "echo alive").await, "alive\n");
+    assert_eq!(server.get(&sb.id).await.state, SandboxState::Running);
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn fork_bomb_is_contained_by_the_pids_limit() {
+    let server = TestServer::start().await;
+    let sb = server.create(small(json!({"pids": 64}))).await;
+    let pids_dir = Path::new(leaks::CGROUP_ROOT).join("pids").join(&server.instance).join(&sb.id);
+    assert_eq!(fs::read_to_string(pids_dir.join("pids.max")).unwrap().trim(), "64");
+    // busybox ash rejects `:` as a function name; the bomb is the same.
+    let bomb = ExecRequest { timeout_secs: Some(5.0), ..ExecRequest::shell("bomb() { bomb | bomb & }; bomb") };
+    let r = server.exec_wait(&sb.id, &bomb).await;
+    assert!(matches!(r.status, ExecStatus::TimedOut | ExecStatus::Ok), "{r:?}");
+    let events = fs::read_to_string(pids_dir.join("pids.events")).unwrap();
+    let hits: u64 = events.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(hits > 0, "the bomb ran into pids.max: {events}");
+
+    // The deadline killed the tree: the sandbox answers again.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while sandbox_pids(&server.instance, &sb.id).len() > 4 {
+        assert!(tokio::time::Instant::now() < deadline, "the bomb's processes outlived its deadline");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(server.sh_ok(&sb.id, "echo alive").await, "alive\n");
+    let host = std::process::Command::new("/bin/true").status().expect("the host can still fork");
+    assert!(host.success());
+    server.finish().await;
+}
+
+/// Free bytes of the filesystem holding `path`.
+fn free_bytes(path: &Path) -> u64 {
+    let st = rustix::fs::statvfs(path).expect("statvfs");
+    st.f_bavail * st.f_frsize
+}
+
+#[tokio::test]
+async fn disk_limit_stops_writes_without_touching_host_disk() {
+    let server = TestServer::start().await;
+    let sb = server.create(small(json!({"disk_mib": 32}))).await;
+    let host_free_before = free_bytes(&server.data_dir());
+    let r = server.sh(&sb.id, "dd if=/dev/zero of=/big bs=1M count=200").await;
+    assert_ne!(r.exit_code, Some(0), "{r:?}");
+    assert!(stderr(&r).contains("No space left"), "dd reports a full disk: {}", stderr(&r));
+    let written: u64 = server.sh_ok(&sb.id, "wc -c < /big").await.trim().parse().unwrap();
+    assert!(written <= 32 * MIB, "the writable layer holds at most its limit, got {written}");
+    let host_free_after = free_bytes(&server.data_dir());
+    // Other work on the host may write meanwhile; 200 MiB through to the
+    // host would still show.
+    assert!(
+        host_free_after + 100 * MIB > host_free_before,
+        "host free space fell from {host_free_before} to {host_free_after}"
+    );
+    let usage = server.get(&sb.id).await.usage.expect("a running sandbox reports usage");
+    assert!(usage.disk_bytes <= 32 * MIB, "{usage:?}");
+    server.sh_ok(&sb.id, "rm /big && echo x > /after").await;
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn network_none_has_only_a_down_loopback() {
+    let server = TestServer::start().await;
+    let sb = server.create_small().await;
+    let dev = server.sh_ok(&sb.id, "cat /proc/net/dev").await;
+    let ifaces: Vec<&str> = dev.lines().skip(2).filter_map(|l| l.split(':').next()).map(str::trim).collect();
+    assert_eq!(ifaces, vec!["lo"], "{dev}");
+    let link = server.sh_ok(&sb.id, "ip link").await;
+    let lo = link.lines().find(|l| l.contains(": lo:")).unwrap_or_else(|| panic!("no lo in {link}"));
+    assert!(lo.contains("state DOWN") && !lo.contains(",UP"), "lo is down: {lo}");
+    let r = server.sh(&sb.id, "echo x | nc -w 1 127.0.0.1 9").await;
+    assert_ne!(r.exit_code, Some(0), "nothing is reachable, not even loopback: {r:?}");
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn network_loopback_has_lo_up_and_working() {
+    let server = TestServer::start().await;
+    let sb = server.create(small(json!({"network": "loopback"}))).await;
+    let link = server.sh_ok(&sb.id, "ip link").await;
+    let names: Vec<&str> = link.lines().filter(|l| !l.starts_with(' ')).filter_map(|l| l.split(": ").nth(1)).collect();
+    assert_eq!(names, vec!["lo"], "{link}");
+    let lo = link.lines().find(|l| l.contains(": lo:")).expect("lo");
+    assert!(lo.contains("UP"), "lo is up: {lo}");
+    // The client retries until the listener is up; the bound only stops a broken loop.
+    let script = "nc -l -p 8123 > /tmp/got & i=0; \
+        until echo over-lo | nc 127.0.0.1 8123; do i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 0.1; done; \
+        wait; cat /tmp/got";
+    let served = server.sh_ok(&sb.id, script).await;
+    assert_eq!(served, "over-lo\n");
+    server.finish().await;
+}

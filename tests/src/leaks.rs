@@ -1,0 +1,261 @@
+//! What a server may leave on the host - mounts under its data dir, cgroups
+//! and processes of its instance, sandbox run directories - how to find
+//! them, and how to remove them when a test failed halfway.
+
+use std::fmt;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rustix::mount::{unmount, UnmountFlags};
+use rustix::process::{kill_process, Pid, Signal};
+
+/// Where the cgroup hierarchies are mounted.
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// Everything found on the host that belongs to one test server.
+#[derive(Debug, Default)]
+pub struct Leaks {
+    pub mounts: Vec<PathBuf>,
+    pub cgroup_dirs: Vec<PathBuf>,
+    /// Live (non-zombie) processes in one of the instance's cgroups, with their command line.
+    pub processes: Vec<(i32, String)>,
+    pub run_entries: Vec<PathBuf>,
+}
+
+impl Leaks {
+    /// Scans the host for what the server of `instance` on `data_dir` left.
+    pub fn scan(data_dir: &Path, instance: &str) -> Leaks {
+        Leaks {
+            mounts: mounts_under(data_dir),
+            cgroup_dirs: sandbox_cgroup_dirs(instance),
+            processes: instance_processes(instance),
+            run_entries: dir_entries(&data_dir.join("run")),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.mounts.is_empty()
+            && self.cgroup_dirs.is_empty()
+            && self.processes.is_empty()
+            && self.run_entries.is_empty()
+    }
+}
+
+impl fmt::Display for Leaks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "mounts under the data dir: {:?}", self.mounts)?;
+        writeln!(f, "sandbox cgroup directories: {:?}", self.cgroup_dirs)?;
+        writeln!(f, "processes in the instance's cgroups: {:?}", self.processes)?;
+        write!(f, "entries in run/: {:?}", self.run_entries)
+    }
+}
+
+/// Mount points at or below `dir`, deepest first.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut found: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|field| PathBuf::from(unescape_mountinfo(field)))
+        .filter(|point| point.starts_with(dir))
+        .collect();
+    found.reverse();
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    found
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes.get(i + 1..i + 4).filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
+        match (bytes[i], octal) {
+            (b'\\', Some(d)) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `/sys/fs/cgroup/<hierarchy>/<instance>` for every hierarchy that has it.
+pub fn instance_cgroup_dirs(instance: &str) -> Vec<PathBuf> {
+    dir_entries(Path::new(CGROUP_ROOT)).into_iter().map(|h| h.join(instance)).filter(|d| d.is_dir()).collect()
+}
+
+/// The per-sandbox directories below the instance's directories.
+pub fn sandbox_cgroup_dirs(instance: &str) -> Vec<PathBuf> {
+    instance_cgroup_dirs(instance).into_iter().flat_map(|d| dir_entries(&d)).filter(|d| d.is_dir()).collect()
+}
+
+/// Sorted entries of `dir`; none when it does not exist.
+pub fn dir_entries(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> =
+        fs::read_dir(dir).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// Host pids of live processes whose cgroup path (in any hierarchy) has
+/// `instance` as a component, with their command lines.
+pub fn instance_processes(instance: &str) -> Vec<(i32, String)> {
+    let mut out = Vec::new();
+    for entry in dir_entries(Path::new("/proc")) {
+        let Some(pid) = entry.file_name().and_then(|n| n.to_str()).and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cgroups) = fs::read_to_string(entry.join("cgroup")) else { continue };
+        let in_instance = cgroups
+            .lines()
+            .filter_map(|l| l.splitn(3, ':').nth(2))
+            .any(|path| path.split('/').any(|component| component == instance));
+        if in_instance && !is_zombie(pid) {
+            out.push((pid, cmdline(pid)));
+        }
+    }
+    out
+}
+
+/// The process's arguments joined by spaces ("" when it is gone).
+pub fn cmdline(pid: i32) -> String {
+    let raw = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(String::from_utf8_lossy).collect::<Vec<_>>().join(" ")
+}
+
+/// True for zombies and for pids that are gone. A zombie holds no resource
+/// but its pid; reaping orphans is the host init's job once the server died.
+pub fn is_zombie(pid: i32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return true };
+    let state = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next().map(str::to_string));
+    matches!(state.as_deref(), Some("Z" | "X" | "x") | None)
+}
+
+/// A process named by pid and start time, so a recycled pid is never
+/// mistaken for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessIdentity {
+    pub pid: i32,
+    /// Field 22 of `/proc/<pid>/stat`.
+    pub start_time: u64,
+}
+
+impl ProcessIdentity {
+    /// True while the same process exists and is not a zombie.
+    pub fn is_alive(&self) -> bool {
+        stat_fields(self.pid).is_some_and(|(state, ppid_start)| ppid_start.1 == self.start_time && state != "Z")
+    }
+}
+
+/// State, and (ppid, start time), from `/proc/<pid>/stat`.
+fn stat_fields(pid: i32) -> Option<(String, (i32, u64))> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command (field 2) may hold spaces and parentheses; it ends at the last ')'.
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = fields.next()?.to_string();
+    let ppid = fields.next()?.parse().ok()?;
+    // Field 22 is the 19th after the ppid (field 4).
+    let start_time = fields.nth(17)?.parse().ok()?;
+    Some((state, (ppid, start_time)))
+}
+
+/// The live children of `ppid`.
+pub fn children_of(ppid: i32) -> Vec<ProcessIdentity> {
+    dir_entries(Path::new("/proc"))
+        .into_iter()
+        .filter_map(|e| e.file_name().and_then(|n| n.to_str()).and_then(|n| n.parse::<i32>().ok()))
+        .filter_map(|pid| match stat_fields(pid) {
+            Some((state, (parent, start_time))) if parent == ppid && state != "Z" => {
+                Some(ProcessIdentity { pid, start_time })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// A line of `/proc/<pid>/status`, e.g. `Uid` or `NSpid`, without its key.
+pub fn proc_status_field(pid: i32, key: &str) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines().find_map(|l| l.strip_prefix(key).and_then(|rest| rest.strip_prefix(':')).map(|v| v.trim().to_string()))
+}
+
+/// Best-effort removal of everything a server of `instance` left: kills its
+/// sandboxes' processes, unmounts below `data_dir`, removes its cgroups.
+/// Returns the mounts that could not be removed.
+pub fn force_cleanup(data_dir: &Path, instance: &str) -> Vec<PathBuf> {
+    kill_instance_processes(instance, Duration::from_secs(10));
+    for point in mounts_under(data_dir) {
+        let _ = unmount(&point, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW);
+    }
+    for dir in sandbox_cgroup_dirs(instance) {
+        let _ = fs::remove_dir(dir);
+    }
+    remove_instance_dirs(instance);
+    mounts_under(data_dir)
+}
+
+/// Removes the (empty) instance directories themselves.
+pub fn remove_instance_dirs(instance: &str) {
+    for dir in instance_cgroup_dirs(instance) {
+        let _ = fs::remove_dir(dir);
+    }
+}
+
+/// SIGKILLs every process in the instance's cgroups until none is left or
+/// `within` passed. Thaws frozen sandboxes first: a frozen v1 task does not
+/// act on SIGKILL.
+fn kill_instance_processes(instance: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let pids = instance_processes(instance);
+        if pids.is_empty() || Instant::now() > deadline {
+            return;
+        }
+        let freezer = Path::new(CGROUP_ROOT).join("freezer").join(instance);
+        for dir in dir_entries(&freezer) {
+            let _ = fs::write(dir.join("freezer.state"), "THAWED");
+        }
+        for (pid, _) in pids {
+            if let Some(pid) = Pid::from_raw(pid) {
+                let _ = kill_process(pid, Signal::KILL);
+            }
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape_mountinfo(r"/tmp/a\040b\134c"), "/tmp/a b\\c");
+    }
+
+    #[test]
+    fn a_child_is_found_until_it_exits() {
+        let mut child = std::process::Command::new("/bin/sleep").arg("30").spawn().unwrap();
+        let me = std::process::id() as i32;
+        let found = children_of(me).into_iter().find(|p| p.pid == child.id() as i32).expect("the child is listed");
+        assert!(found.is_alive());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!found.is_alive());
+    }
+
+    #[test]
+    fn own_status_fields_are_found() {
+        let me = std::process::id() as i32;
+        assert!(proc_status_field(me, "Uid").is_some());
+        assert!(!is_zombie(me));
+    }
+}

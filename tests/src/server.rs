@@ -1,0 +1,255 @@
+//! One real `warren serve` per test: its own temp dir, data dir, cgroup
+//! instance and busybox image; start, crash, restart, stop, and the final
+//! leak check.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use rustix::process::{kill_process, Pid, Signal};
+use serde_json::{json, Value};
+use tempfile::TempDir;
+use tokio::time::{sleep, Instant};
+
+use crate::leaks::{self, Leaks};
+use crate::rootfs;
+
+/// The image every test sandbox runs.
+pub const IMAGE: &str = "busybox";
+/// Bound on anything a healthy server does quickly (start, answer, stop).
+pub const SERVER_WAIT: Duration = Duration::from_secs(60);
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A running test server. Drop kills it and removes whatever it left, also
+/// when the test panicked; [`TestServer::finish`] additionally asserts that
+/// the server cleaned up after itself.
+pub struct TestServer {
+    pub url: String,
+    pub http: reqwest::Client,
+    /// `wt-<pid>-<n>`: names this server's cgroups.
+    pub instance: String,
+    /// The per-test temp dir holding `rootfs/`, `data/` and `server.log`.
+    pub dir: Option<TempDir>,
+    child: Option<Child>,
+}
+
+fn warren_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("WARREN_BIN") {
+        return PathBuf::from(path);
+    }
+    // Test executables live in target/<profile>/deps; the binaries one level up.
+    let exe = std::env::current_exe().expect("the test executable has a path");
+    let deps = exe.parent().expect("the test executable has a directory");
+    for dir in [deps, deps.parent().unwrap_or(deps)] {
+        let warren = dir.join("warren");
+        if warren.is_file() && dir.join("warren-init").is_file() {
+            return warren;
+        }
+    }
+    panic!(
+        "cannot find the `warren` and `warren-init` binaries beside {}: run `cargo build --workspace` first \
+         (or set WARREN_BIN)",
+        exe.display()
+    );
+}
+
+impl TestServer {
+    /// Builds the rootfs, starts the server, imports the image.
+    pub async fn start() -> TestServer {
+        let dir = tempfile::Builder::new().prefix("warren-test-").tempdir().expect("make a temp dir");
+        // Like /var/lib: the sandbox's ids must be able to traverse to its root.
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod the temp dir");
+        rootfs::build_busybox_rootfs(&dir.path().join("rootfs")).expect("build the busybox rootfs");
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let http = reqwest::Client::builder().no_proxy().build().expect("build an HTTP client");
+        let mut server = TestServer {
+            url: String::new(),
+            http,
+            instance: format!("wt-{}-{n}", std::process::id()),
+            dir: Some(dir),
+            child: None,
+        };
+        server.launch().await;
+        let rootfs = server.path().join("rootfs");
+        let (status, body) =
+            server.call(Method::POST, "/v1/images", Some(&json!({"name": IMAGE, "dir": rootfs}))).await;
+        assert_eq!(status, StatusCode::CREATED, "importing the busybox image: {body}");
+        server
+    }
+
+    /// The per-test temp dir.
+    pub fn path(&self) -> &Path {
+        self.dir.as_ref().expect("the temp dir lives until drop").path()
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.path().join("data")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.path().join("server.log")
+    }
+
+    /// The last `lines` lines of the server's log (all its runs).
+    pub fn log_tail(&self, lines: usize) -> String {
+        let mut text = String::new();
+        if let Ok(mut f) = File::open(self.log_path()) {
+            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+            let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
+            let _ = f.read_to_string(&mut text);
+        }
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// The server's pid while it runs.
+    pub fn server_pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Starts a server on this test's data dir and instance and waits for
+    /// its `server.url`.
+    pub async fn launch(&mut self) {
+        assert!(self.child.is_none(), "a server is already running");
+        let data_dir = self.data_dir();
+        fs::create_dir_all(&data_dir).expect("make the data dir");
+        let url_file = data_dir.join("server.url");
+        let _ = fs::remove_file(&url_file);
+        let log = OpenOptions::new().create(true).append(true).open(self.log_path()).expect("open the server log");
+        let child = Command::new(warren_binary())
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .args(["--listen", "127.0.0.1:0", "--instance", &self.instance])
+            .env("WARREN_LOG", std::env::var("WARREN_LOG").unwrap_or_else(|_| "info".into()))
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup the log fd"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn `warren serve`");
+        self.child = Some(child);
+        self.url = self.wait_for_url(&url_file).await;
+    }
+
+    async fn wait_for_url(&mut self, url_file: &Path) -> String {
+        let deadline = Instant::now() + SERVER_WAIT;
+        loop {
+            if let Ok(text) = fs::read_to_string(url_file) {
+                if text.ends_with('\n') {
+                    return text.trim().to_string();
+                }
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                self.child = None;
+                panic!("`warren serve` exited with {status} before listening; log:\n{}", self.log_tail(40));
+            }
+            assert!(Instant::now() < deadline, "no server.url after {SERVER_WAIT:?}; log:\n{}", self.log_tail(40));
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn signal(&self, signal: Signal) {
+        if let Some(pid) = self.child.as_ref().and_then(|c| Pid::from_raw(c.id() as i32)) {
+            let _ = kill_process(pid, signal);
+        }
+    }
+
+    /// Waits (bounded) for the server process to exit; true when it did.
+    async fn reap(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while let Some(child) = self.child.as_mut() {
+            if !matches!(child.try_wait(), Ok(None)) {
+                self.child = None;
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+
+    /// SIGKILLs the server: no chance to clean up, as in a crash.
+    pub async fn crash(&mut self) {
+        self.signal(Signal::KILL);
+        assert!(self.reap(SERVER_WAIT).await, "the server survived SIGKILL");
+    }
+
+    /// SIGKILL, then a new server on the same data dir and instance.
+    pub async fn restart(&mut self) {
+        self.crash().await;
+        self.launch().await;
+    }
+
+    /// SIGTERM, a bounded wait, then SIGKILL.
+    pub async fn stop(&mut self) {
+        self.signal(Signal::TERM);
+        if !self.reap(Duration::from_secs(30)).await {
+            self.crash().await;
+            panic!("the server ignored SIGTERM for 30 s; log:\n{}", self.log_tail(40));
+        }
+    }
+
+    /// Deletes every sandbox still running, stops the server, and asserts
+    /// it left no mount, cgroup, process or run directory behind.
+    pub async fn finish(mut self) {
+        if self.child.is_some() {
+            self.delete_all().await;
+            self.stop().await;
+        }
+        let leaks = Leaks::scan(&self.data_dir(), &self.instance);
+        assert!(leaks.is_empty(), "the server left behind:\n{leaks}\nlog:\n{}", self.log_tail(40));
+        leaks::remove_instance_dirs(&self.instance);
+        let left = leaks::instance_cgroup_dirs(&self.instance);
+        assert!(left.is_empty(), "cannot remove the instance's cgroup directories {left:?}");
+    }
+
+    async fn delete_all(&self) {
+        for sandbox in self.list(None).await {
+            if sandbox.state != warren_api::SandboxState::Ended {
+                let (status, body) = self.call(Method::DELETE, &format!("/v1/sandboxes/{}", sandbox.id), None).await;
+                assert_eq!(status, StatusCode::OK, "deleting {} at finish: {body}", sandbox.id);
+            }
+        }
+    }
+
+    /// Like [`TestServer::call`] but to an arbitrary URL path with query.
+    pub async fn call(&self, method: Method, path: &str, body: Option<&Value>) -> (StatusCode, Value) {
+        let mut rb = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(b) = body {
+            rb = rb.json(b);
+        }
+        crate::api::json_response(crate::api::send(rb).await).await
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let panicking = std::thread::panicking();
+        if panicking {
+            eprintln!("---- server log tail ({}) ----\n{}\n----", self.instance, self.log_tail(60));
+        }
+        self.signal(Signal::KILL);
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+        let left = leaks::force_cleanup(&self.data_dir(), &self.instance);
+        if let Some(dir) = self.dir.take() {
+            if left.is_empty() {
+                let _ = dir.close();
+            } else {
+                // Removing a tree with mounts below it would write through them.
+                eprintln!("warning: mounts remain under {}: {left:?}; keeping the dir", dir.path().display());
+                let _ = dir.keep();
+            }
+        }
+    }
+}
