@@ -29,6 +29,9 @@ pub enum BackendError {
     Gone,
     #[error("program not found: {0}")]
     ProgramNotFound(String),
+    /// init refused to start the process (bad working directory, not executable, ...).
+    #[error("cannot start the process: {0}")]
+    ExecRejected(String),
     #[error("{context}: {source}")]
     Io {
         context: String,

@@ -41,6 +41,10 @@ fn to_api(e: NodeError) -> ApiError {
         NodeError::Capacity(_) => ApiError::new(ErrorCode::CapacityExceeded, msg),
         NodeError::Backend(BackendError::Unsupported(..)) => ApiError::new(ErrorCode::Unsupported, msg),
         NodeError::Backend(BackendError::ProgramNotFound(_)) => with_field(ErrorCode::InvalidRequest, msg, "argv"),
+        NodeError::Backend(BackendError::ExecRejected(ref why)) => {
+            let field = if why.contains("cwd") || why.contains("directory") { "cwd" } else { "argv" };
+            with_field(ErrorCode::InvalidRequest, msg, field)
+        }
         NodeError::File(f) => match f {
             FileError::NotFound => with_field(ErrorCode::FileNotFound, msg, "path"),
             FileError::IsDirectory | FileError::NotDirectory | FileError::Conflict(_) => {

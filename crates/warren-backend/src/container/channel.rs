@@ -93,7 +93,7 @@ pub(crate) async fn start_exec(sock: &Path, spec: ExecSpec, cgroup: SandboxCgrou
         Some((FrameKind::Response, payload)) => match parse_response(&payload)? {
             Response::Started { pid } => pid,
             Response::Error { message, not_found: true } => return Err(BackendError::ProgramNotFound(message)),
-            Response::Error { message, not_found: false } => return Err(BackendError::Setup(message)),
+            Response::Error { message, not_found: false } => return Err(BackendError::ExecRejected(message)),
             other => return Err(BackendError::Protocol(format!("expected Started, got {other:?}"))),
         },
         Some((kind, _)) => return Err(BackendError::Protocol(format!("expected a response frame, got {kind:?}"))),
