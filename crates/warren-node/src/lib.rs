@@ -356,7 +356,8 @@ impl Node {
             info.usage = l.driver.usage(&l.handle).ok();
             return Ok(info);
         }
-        self.store().get_json::<SandboxRecord>(Table::Sandboxes, id)?
+        self.store()
+            .get_json::<SandboxRecord>(Table::Sandboxes, id)?
             .map(|r| r.info)
             .ok_or_else(|| NodeError::NotFound(id.to_string()))
     }
@@ -482,8 +483,7 @@ impl Node {
                 session.cwd = state.cwd;
                 session.env = state.env;
                 session.commands_run += 1;
-                let _ =
-                    node.store().put_json(Table::Sessions, &format!("{}/{}", live.id, session.id), &*session);
+                let _ = node.store().put_json(Table::Sessions, &format!("{}/{}", live.id, session.id), &*session);
             }
             live.running_execs.fetch_sub(1, Ordering::SeqCst);
             live.touch();
@@ -519,7 +519,8 @@ impl Node {
     }
 
     fn stored_exec(&self, id: &str, exec_id: &str) -> Result<ExecResult> {
-        self.store().get_json::<ExecResult>(Table::Execs, &format!("{id}/{exec_id}"))?
+        self.store()
+            .get_json::<ExecResult>(Table::Execs, &format!("{id}/{exec_id}"))?
             .ok_or_else(|| NodeError::ExecNotFound(exec_id.to_string()))
     }
 

@@ -7,7 +7,6 @@ use serde::{Deserialize, Serialize};
 use warren_api::{CreateSandboxRequest, ExecFrame, ExecResult, ImageInfo, SandboxInfo, SessionInfo, StreamName};
 use warren_backend::SandboxHandle;
 
-
 /// One sandbox, keyed by id in [`Table::Sandboxes`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxRecord {

@@ -81,7 +81,7 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
         Some(p) => p.clone(),
         None => default_init_binary()?,
     };
-    let store = Arc::new(RedbStore::open(&args.data_dir.join("state.redb")).context("cannot open the state store")?);
+    let store = Arc::new(RedbStore::open(args.data_dir.join("state.redb")).context("cannot open the state store")?);
     let driver = Arc::new(
         ContainerDriver::new(ContainerConfig {
             run_dir: args.data_dir.join("run"),
