@@ -28,6 +28,8 @@ pub enum ErrorCode {
     /// The sandbox's writable layer is full.
     NoSpace,
     ImageNotFound,
+    /// The image is used by running sandboxes or a warm pool and cannot be replaced now.
+    ImageInUse,
     Internal,
 }
 
@@ -38,7 +40,7 @@ impl ErrorCode {
             ErrorCode::UnsupportedBackend | ErrorCode::Unsupported => 501,
             ErrorCode::NotFound | ErrorCode::FileNotFound | ErrorCode::ImageNotFound => 404,
             ErrorCode::SandboxEnded => 410,
-            ErrorCode::IdempotencyConflict | ErrorCode::FileConflict => 409,
+            ErrorCode::IdempotencyConflict | ErrorCode::FileConflict | ErrorCode::ImageInUse => 409,
             ErrorCode::CapacityExceeded => 503,
             ErrorCode::NoSpace => 507,
             ErrorCode::Internal => 500,

@@ -38,6 +38,7 @@ fn to_api(e: NodeError) -> ApiError {
         NodeError::UnsupportedBackend(_) => with_field(ErrorCode::UnsupportedBackend, msg, "backend"),
         NodeError::ImageNotFound(_) => with_field(ErrorCode::ImageNotFound, msg, "image"),
         NodeError::IdempotencyConflict(_) => with_field(ErrorCode::IdempotencyConflict, msg, "idempotency_key"),
+        NodeError::ImageInUse(_) => with_field(ErrorCode::ImageInUse, msg, "name"),
         NodeError::Capacity(_) => ApiError::new(ErrorCode::CapacityExceeded, msg),
         NodeError::Backend(BackendError::Unsupported(..)) => ApiError::new(ErrorCode::Unsupported, msg),
         NodeError::Backend(BackendError::ProgramNotFound(_)) => with_field(ErrorCode::InvalidRequest, msg, "argv"),

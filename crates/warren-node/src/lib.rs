@@ -76,6 +76,8 @@ pub enum NodeError {
     ImageNotFound(String),
     #[error("idempotency key {0} was used with a different request")]
     IdempotencyConflict(String),
+    #[error("image {0} is in use by running sandboxes or a warm pool")]
+    ImageInUse(String),
     #[error("node is full: {0} sandboxes running")]
     Capacity(usize),
     #[error(transparent)]
@@ -610,7 +612,19 @@ impl Node {
         Ok(self.inner.images.list()?.into_iter().map(records::image_info).collect())
     }
 
+    /// Replacing an image removes its old layer directories, which running
+    /// sandboxes still have mounted: refuse while any sandbox or pool uses it.
+    fn check_image_unused(&self, name: &str) -> Result<()> {
+        let in_use = self.live_map().values().any(|l| l.record().info.image == name)
+            || self.inner.cfg.pools.iter().any(|p| p.image == name);
+        match in_use {
+            true => Err(NodeError::ImageInUse(name.to_string())),
+            false => Ok(()),
+        }
+    }
+
     pub async fn import_image_dir(&self, name: String, dir: PathBuf) -> Result<ImageInfo> {
+        self.check_image_unused(&name)?;
         let images = Arc::clone(&self.inner.images);
         let img = tokio::task::spawn_blocking(move || images.import_dir(&name, &dir))
             .await
@@ -619,6 +633,7 @@ impl Node {
     }
 
     pub async fn import_image_tar(&self, name: String, tar: impl std::io::Read + Send + 'static) -> Result<ImageInfo> {
+        self.check_image_unused(&name)?;
         let images = Arc::clone(&self.inner.images);
         let img = tokio::task::spawn_blocking(move || images.import_tar(&name, tar))
             .await

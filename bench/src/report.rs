@@ -1,0 +1,457 @@
+//! The results file: machine, versions, command, the side-by-side table,
+//! the ratios, the targets (met or not), and per contender the details that
+//! say what limits each figure.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::host::{CpuUse, Machine};
+use crate::results::{Contender, IdleMemory, Measured, Outcome, Plan, Sustained};
+use crate::rootfs::Rootfs;
+use crate::stats::{self, Latencies};
+
+pub struct Run<'a> {
+    pub date: String,
+    pub started_utc: String,
+    pub took: Duration,
+    pub command: String,
+    pub machine: &'a Machine,
+    pub load_start: String,
+    pub load_end: String,
+    pub rootfs: &'a Rootfs,
+    pub plan: &'a Plan,
+    pub contenders: &'a [Contender],
+}
+
+const TARGET_WARM_P50: Duration = Duration::from_millis(2);
+const TARGET_EXEC_P50: Duration = Duration::from_millis(1);
+const TARGET_RATE: f64 = 300.0;
+const TARGET_IDLE_BYTES: f64 = 1024.0 * 1024.0;
+
+pub fn render(run: &Run<'_>) -> String {
+    let mut out = String::new();
+    header(&mut out, run);
+    targets(&mut out, run);
+    side_by_side(&mut out, run);
+    ratios(&mut out, run);
+    for c in run.contenders {
+        details(&mut out, c, run.machine.nproc);
+    }
+    out
+}
+
+fn header(out: &mut String, run: &Run<'_>) {
+    let m = run.machine;
+    let p = run.plan;
+    let _ = writeln!(out, "# Warren side-by-side benchmark, {}\n", run.date);
+    let _ = writeln!(
+        out,
+        "- Machine: {}, {} CPUs (nproc), kernel {}, {} RAM",
+        m.cpu_model,
+        m.nproc,
+        m.kernel,
+        stats::bytes(m.mem_total_bytes as f64)
+    );
+    let _ = writeln!(
+        out,
+        "- Load average (1/5/15 min) at start: {}; at end: {}. Other work on the host shares the CPUs and \
+         shows in every figure.",
+        run.load_start, run.load_end
+    );
+    let _ = writeln!(out, "- Started {} UTC, took {:.0} s", run.started_utc, run.took.as_secs_f64());
+    let _ = writeln!(out, "- Command: `{}`", run.command);
+    let _ = writeln!(
+        out,
+        "- Rootfs (same for all): {} static, {} entries, {} bytes, built by scripts/make-test-image.sh at {}",
+        run.rootfs.busybox_version,
+        run.rootfs.files,
+        run.rootfs.bytes,
+        run.rootfs.dir.display()
+    );
+    let _ = writeln!(
+        out,
+        "- Plan: {} cold/warm samples after {} unrecorded warm-up cycles; {} exec samples; {} s sustained with {} \
+         clients; {} idle sandboxes; warm pool of {}. Samples run one after another on an otherwise idle \
+         contender; percentiles are nearest-rank (every figure is a measured sample).",
+        p.samples,
+        p.warmup,
+        p.exec_samples,
+        p.sustain.as_secs(),
+        p.clients,
+        p.idle,
+        p.pool_size
+    );
+    let _ = writeln!(out, "\n| tool | version |\n|---|---|");
+    for c in run.contenders {
+        let _ = writeln!(out, "| {} | {} |", c.name, c.version);
+    }
+    out.push('\n');
+}
+
+fn warren(run: &Run<'_>) -> Option<&Contender> {
+    run.contenders.iter().find(|c| c.name == "Warren")
+}
+
+fn peer<'a>(run: &'a Run<'_>, name: &str) -> Option<&'a Contender> {
+    run.contenders.iter().find(|c| c.name == name)
+}
+
+fn lat(o: &Outcome<Latencies>) -> Option<&Latencies> {
+    o.done().map(|m| &m.value).filter(|l| !l.is_empty())
+}
+
+fn verdict(met: Option<bool>) -> &'static str {
+    match met {
+        Some(true) => "**met**",
+        Some(false) => "**not met**",
+        None => "not measured",
+    }
+}
+
+fn targets(out: &mut String, run: &Run<'_>) {
+    let _ = writeln!(out, "## Targets\n\n| target | measured | verdict |\n|---|---|---|");
+    let w = warren(run);
+    let cold_w = w.and_then(|c| lat(&c.cold)).and_then(Latencies::p50);
+    let cold_b = peer(run, "bwrap").and_then(|c| lat(&c.cold)).and_then(Latencies::p50);
+    let met = cold_w.zip(cold_b).map(|(w, b)| w <= b);
+    let _ = writeln!(
+        out,
+        "| cold create+exec+destroy p50 <= bwrap's | Warren {} vs bwrap {} | {} |",
+        stats::opt_ms(cold_w),
+        stats::opt_ms(cold_b),
+        verdict(met)
+    );
+    let warm = w.and_then(|c| lat(&c.warm)).and_then(Latencies::p50);
+    let _ = writeln!(
+        out,
+        "| warm claim+exec p50 <= 2 ms | {} | {} |",
+        stats::opt_ms(warm),
+        verdict(warm.map(|d| d <= TARGET_WARM_P50))
+    );
+    let exec = w.and_then(|c| lat(&c.exec)).and_then(Latencies::p50);
+    let _ = writeln!(
+        out,
+        "| exec round trip p50 <= 1 ms | {} | {} |",
+        stats::opt_ms(exec),
+        verdict(exec.map(|d| d <= TARGET_EXEC_P50))
+    );
+    let rate = w.and_then(|c| c.sustained.done()).map(|m| m.value.per_second());
+    let _ = writeln!(
+        out,
+        "| >= 300 creations/s sustained | {} | {} |",
+        rate.map_or("-".into(), |r| format!("{r:.1}/s")),
+        verdict(rate.map(|r| r >= TARGET_RATE))
+    );
+    let idle = w.and_then(|c| c.idle.done()).map(|m| &m.value);
+    let drop = idle.and_then(IdleMemory::per_sandbox_drop);
+    let cg = idle.and_then(IdleMemory::per_sandbox_cgroup);
+    let _ = writeln!(
+        out,
+        "| <= 1 MiB host memory per idle sandbox (MemAvailable drop) | {} (cgroup sum: {}) | {} |",
+        drop.map_or("-".into(), stats::bytes),
+        cg.map_or("-".into(), stats::bytes),
+        verdict(drop.map(|b| b <= TARGET_IDLE_BYTES))
+    );
+    out.push('\n');
+}
+
+/// One row's value for a contender.
+type Cell = fn(&Contender) -> Option<String>;
+
+fn side_by_side(out: &mut String, run: &Run<'_>) {
+    let names: Vec<&str> = run.contenders.iter().map(|c| c.name.as_str()).collect();
+    let _ = writeln!(out, "## Side by side\n\n| measure | {} |", names.join(" | "));
+    let _ = writeln!(out, "|---|{}", "---|".repeat(names.len()));
+    let rows: [(&str, Cell); 10] = [
+        ("cold create+exec+destroy p50", |c| lat(&c.cold)?.p50().map(stats::ms)),
+        ("cold create+exec+destroy p99", |c| lat(&c.cold)?.p99().map(stats::ms)),
+        ("warm claim+exec p50", |c| lat(&c.warm)?.p50().map(stats::ms)),
+        ("warm claim+exec p99", |c| lat(&c.warm)?.p99().map(stats::ms)),
+        ("exec round trip p50", |c| lat(&c.exec)?.p50().map(stats::ms)),
+        ("exec round trip p99", |c| lat(&c.exec)?.p99().map(stats::ms)),
+        ("sustained creations/s", |c| c.sustained.done().map(|m| format!("{:.1}", m.value.per_second()))),
+        ("sustained errors", |c| c.sustained.done().map(|m| m.value.cycles.failures.count.to_string())),
+        ("host memory per idle sandbox (MemAvailable)", |c| {
+            c.idle.done()?.value.per_sandbox_drop().map(stats::bytes)
+        }),
+        ("memory cgroup per idle sandbox", |c| c.idle.done()?.value.per_sandbox_cgroup().map(stats::bytes)),
+    ];
+    for (label, cell) in rows {
+        let cells: Vec<String> = run.contenders.iter().map(|c| cell(c).unwrap_or_else(|| "-".into())).collect();
+        let _ = writeln!(out, "| {label} | {} |", cells.join(" | "));
+    }
+    let _ = writeln!(out, "\n`-`: not applicable or failed; see the details below.\n");
+}
+
+/// Warren's figure over a peer's, for one measure.
+type Figure = fn(&Contender) -> Option<f64>;
+
+fn ratios(out: &mut String, run: &Run<'_>) {
+    let Some(w) = warren(run) else { return };
+    let peers: Vec<&Contender> = run.contenders.iter().filter(|c| c.name != "Warren").collect();
+    let names: Vec<&str> = peers.iter().map(|c| c.name.as_str()).collect();
+    let _ = writeln!(
+        out,
+        "## Ratios (Warren / peer)\n\nFor times and memory below 1 favours Warren; for the rate above 1 does.\n"
+    );
+    let _ = writeln!(out, "| measure | {} |", names.iter().map(|n| format!("Warren / {n}")).collect::<Vec<_>>().join(" | "));
+    let _ = writeln!(out, "|---|{}", "---|".repeat(names.len()));
+    let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+    let rows: [(&str, Figure); 6] = [
+        ("cold p50", |c| secs(lat(&c.cold)?.p50())),
+        ("cold p99", |c| secs(lat(&c.cold)?.p99())),
+        ("exec round trip p50", |c| secs(lat(&c.exec)?.p50())),
+        ("exec round trip p99", |c| secs(lat(&c.exec)?.p99())),
+        ("sustained creations/s", |c| c.sustained.done().map(|m| m.value.per_second())),
+        ("host memory per idle sandbox (MemAvailable)", |c| c.idle.done()?.value.per_sandbox_drop()),
+    ];
+    for (label, figure) in rows {
+        let cells: Vec<String> = peers
+            .iter()
+            .map(|p| match (figure(w), figure(p)) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+                _ => "-".into(),
+            })
+            .collect();
+        let _ = writeln!(out, "| {label} | {} |", cells.join(" | "));
+    }
+    out.push('\n');
+}
+
+fn details(out: &mut String, c: &Contender, nproc: usize) {
+    let _ = writeln!(out, "## {} in detail\n", c.name);
+    for (what, command) in &c.commands {
+        let _ = writeln!(out, "- {what}: `{command}`");
+    }
+    let _ = writeln!(out, "\n| measure | n | p50 | p99 | mean | max | failures | host CPU per op | CPUs busy | what limits it |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
+    latency_row(out, "cold create+exec+destroy", &c.cold, nproc);
+    for (name, o) in &c.cold_parts {
+        latency_row(out, name, o, nproc);
+    }
+    latency_row(out, "warm claim+exec", &c.warm, nproc);
+    latency_row(out, "exec round trip", &c.exec, nproc);
+    sustained_row(out, &c.sustained, nproc);
+    out.push('\n');
+    idle_section(out, &c.idle, nproc);
+    for note in &c.notes {
+        let _ = writeln!(out, "- {note}");
+    }
+    out.push('\n');
+}
+
+fn not_done<T>(o: &Outcome<T>) -> Option<String> {
+    match o {
+        Outcome::Done(_) => None,
+        Outcome::Failed(e) => Some(format!("failed: {}", e.replace('\n', " ").replace('|', "/"))),
+        Outcome::Skipped(why) => Some(format!("n/a: {why}")),
+    }
+}
+
+fn latency_row(out: &mut String, name: &str, o: &Outcome<Latencies>, nproc: usize) {
+    if let Some(why) = not_done(o) {
+        let _ = writeln!(out, "| {name} | | | | | | | | | {why} |");
+        return;
+    }
+    let Some(Measured { value: l, cpu }) = o.done() else { return };
+    let per_op = cpu.per_op(l.len() + l.failures.count as usize);
+    let _ = writeln!(
+        out,
+        "| {name} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {} |",
+        l.len(),
+        stats::opt_ms(l.p50()),
+        stats::opt_ms(l.p99()),
+        stats::opt_ms(l.mean()),
+        stats::opt_ms(l.max()),
+        l.failures.summary(),
+        stats::opt_ms(per_op),
+        cpu.percent_of_host(nproc),
+        latency_limit(l, cpu, nproc)
+    );
+}
+
+/// A sequential sample keeps at most one CPU busy with its own work; if the
+/// host was busier than one CPU's worth, something else ran too.
+fn latency_limit(l: &Latencies, cpu: &CpuUse, nproc: usize) -> String {
+    let (Some(mean), Some(per_op)) = (l.mean(), cpu.per_op(l.len())) else { return String::new() };
+    let on_cpu = per_op.as_secs_f64() / mean.as_secs_f64().max(1e-9);
+    if on_cpu > 1.0 {
+        format!(
+            "host CPU per op exceeds the op's time ({:.0}%): other work on the host shared the {nproc} CPUs",
+            on_cpu * 100.0
+        )
+    } else if on_cpu >= 0.8 {
+        format!("CPU: {:.0}% of each op's time some CPU was busy", on_cpu * 100.0)
+    } else {
+        format!(
+            "waiting: only {:.0}% of each op's time had a CPU busy; the rest is sleeps, wake-ups and kernel grace periods",
+            on_cpu * 100.0
+        )
+    }
+}
+
+fn sustained_row(out: &mut String, o: &Outcome<Sustained>, nproc: usize) {
+    let name = "sustained cycles";
+    if let Some(why) = not_done(o) {
+        let _ = writeln!(out, "| {name} | | | | | | | | | {why} |");
+        return;
+    }
+    let Some(Measured { value: s, cpu }) = o.done() else { return };
+    let busy = cpu.percent_of_host(nproc);
+    let limit = if busy >= 90.0 {
+        format!("CPU: {busy:.0}% of {nproc} CPUs busy at {:.1}/s with {} clients", s.per_second(), s.clients)
+    } else {
+        format!("not CPU ({busy:.0}% busy) at {:.1}/s with {} clients: serialisation or waiting", s.per_second(), s.clients)
+    };
+    let l = &s.cycles;
+    let _ = writeln!(
+        out,
+        "| {name} ({:.1}/s over {:.0} s) | {} | {} | {} | {} | {} | {} | {} | {busy:.0}% | {limit} |",
+        s.per_second(),
+        s.elapsed.as_secs_f64(),
+        l.len(),
+        stats::opt_ms(l.p50()),
+        stats::opt_ms(l.p99()),
+        stats::opt_ms(l.mean()),
+        stats::opt_ms(l.max()),
+        l.failures.summary(),
+        stats::opt_ms(cpu.per_op(l.len())),
+    );
+}
+
+fn idle_section(out: &mut String, o: &Outcome<IdleMemory>, nproc: usize) {
+    if let Some(why) = not_done(o) {
+        let _ = writeln!(out, "- idle sandboxes: {why}");
+        return;
+    }
+    let Some(Measured { value: m, .. }) = o.done() else { return };
+    let _ = writeln!(
+        out,
+        "- idle sandboxes: {} of {} started in {:.1} s (failures: {}), stopped in {:.1} s (failures: {})",
+        m.started,
+        m.requested,
+        m.start_wall.as_secs_f64(),
+        m.start_failures.summary(),
+        m.stop_wall.as_secs_f64(),
+        m.stop_failures.summary()
+    );
+    let _ = writeln!(
+        out,
+        "- MemAvailable dropped {} in all, {} per sandbox; {} had not come back after teardown",
+        stats::bytes(m.mem_available_drop_bytes as f64),
+        m.per_sandbox_drop().map_or("-".into(), stats::bytes),
+        stats::bytes(m.not_returned_bytes as f64)
+    );
+    let _ = writeln!(
+        out,
+        "- memory cgroups: {} in all, {} per sandbox ({})",
+        m.cgroup_bytes.map_or("-".into(), |b| stats::bytes(b as f64)),
+        m.per_sandbox_cgroup().map_or("-".into(), stats::bytes),
+        m.cgroup_source
+    );
+    if let (Some(drop), Some(cg)) = (m.per_sandbox_drop(), m.per_sandbox_cgroup()) {
+        let _ = writeln!(
+            out,
+            "- what limits it: {} per sandbox is outside the sandboxes' memory cgroups (kernel objects of the \
+             namespaces, mounts and page tables charged elsewhere, plus the manager's own memory)",
+            stats::bytes(drop - cg)
+        );
+    }
+    for (label, value) in &m.extra {
+        let _ = writeln!(out, "- {label}: {value}");
+    }
+    if let Some(cpu) = m.idle_cpu {
+        let _ = writeln!(
+            out,
+            "- host CPU while all were idle: {:.1}% of {nproc} CPUs over {:.0} s",
+            cpu.percent_of_host(nproc),
+            cpu.wall.as_secs_f64()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::Machine;
+    use std::path::PathBuf;
+
+    fn measured<T>(value: T) -> Outcome<T> {
+        Outcome::Done(Measured { value, cpu: CpuUse { busy: Duration::from_millis(100), wall: Duration::from_secs(1) } })
+    }
+
+    fn lat_ms(v: &[u64]) -> Latencies {
+        let mut l = Latencies::default();
+        for x in v {
+            l.push(Duration::from_millis(*x));
+        }
+        l
+    }
+
+    fn sample_run(warren_cold: u64) -> String {
+        let machine = Machine { cpu_model: "Test CPU".into(), nproc: 2, kernel: "6.18".into(), mem_total_bytes: 1 << 34 };
+        let rootfs = Rootfs { dir: PathBuf::from("/tmp/r"), busybox_version: "BusyBox v1".into(), files: 400, bytes: 2_000_000 };
+        let plan = Plan {
+            samples: 3,
+            warmup: 1,
+            exec_samples: 3,
+            sustain: Duration::from_secs(1),
+            clients: 2,
+            idle: 10,
+            idle_cpu_window: Duration::from_secs(1),
+            settle: Duration::from_secs(1),
+            pool_size: 4,
+        };
+        let mut w = Contender::new("Warren", "warren 0.1.0");
+        w.cold = measured(lat_ms(&[warren_cold, warren_cold, warren_cold]));
+        w.warm = measured(lat_ms(&[1, 1, 3]));
+        w.exec = Outcome::Failed("boom | bang".into());
+        w.sustained = measured(Sustained { clients: 2, elapsed: Duration::from_secs(1), cycles: lat_ms(&[1; 400]) });
+        w.idle = measured(IdleMemory {
+            requested: 10,
+            started: 10,
+            mem_available_drop_bytes: 10 * 512 * 1024,
+            cgroup_bytes: Some(10 * 256 * 1024),
+            ..Default::default()
+        });
+        let mut b = Contender::new("bwrap", "bubblewrap 0.8.0");
+        b.cold = measured(lat_ms(&[5, 5, 5]));
+        let contenders = [w, b];
+        render(&Run {
+            date: "2026-12-02".into(),
+            started_utc: "2026-12-02 10:00:00".into(),
+            took: Duration::from_secs(60),
+            command: "warren-bench --out x.md".into(),
+            machine: &machine,
+            load_start: "0.1 0.1 0.1".into(),
+            load_end: "0.2 0.2 0.2".into(),
+            rootfs: &rootfs,
+            plan: &plan,
+            contenders: &contenders,
+        })
+    }
+
+    #[test]
+    fn targets_say_met_and_not_met_from_the_figures() {
+        let text = sample_run(4);
+        assert!(text.contains("| cold create+exec+destroy p50 <= bwrap's | Warren 4.00 ms vs bwrap 5.00 ms | **met** |"), "{text}");
+        assert!(text.contains("| warm claim+exec p50 <= 2 ms | 1.00 ms | **met** |"));
+        assert!(text.contains("| exec round trip p50 <= 1 ms | - | not measured |"));
+        assert!(text.contains("| >= 300 creations/s sustained | 400.0/s | **met** |"));
+        assert!(text.contains("512 KiB (cgroup sum: 256 KiB) | **met** |"));
+        let slower = sample_run(6);
+        assert!(slower.contains("Warren 6.00 ms vs bwrap 5.00 ms | **not met** |"));
+    }
+
+    #[test]
+    fn tables_carry_ratios_versions_and_failures_without_breaking_rows() {
+        let text = sample_run(4);
+        assert!(text.contains("| cold p50 | 0.80 |"), "{text}");
+        assert!(text.contains("| bwrap | bubblewrap 0.8.0 |"));
+        assert!(text.contains("failed: boom / bang"));
+        assert!(text.contains("Test CPU, 2 CPUs"));
+        for line in text.lines().filter(|l| l.starts_with("| cold create+exec+destroy p50 |")) {
+            assert_eq!(line.matches('|').count(), 4, "{line}");
+        }
+    }
+}

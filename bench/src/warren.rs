@@ -1,0 +1,537 @@
+//! Warren's side: starts `warren serve` itself, imports the shared rootfs as
+//! an image, and measures through the HTTP API as a user would.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde::de::DeserializeOwned;
+use warren_api::{CreateSandboxRequest, ExecRequest, ExecResult, ExecStatus, Health, SandboxInfo, SandboxList};
+
+use crate::cleanup;
+use crate::cmd;
+use crate::error::{BenchError, Result};
+use crate::harness::{self, IdleHolder, IdleUsage};
+use crate::host;
+use crate::peers::settle;
+use crate::results::{Contender, Outcome, Plan};
+use crate::stats::{self, Latencies};
+
+pub const IMAGE: &str = "bench";
+/// Small limits, as the brief asks, so density is not bounded by them.
+const MEMORY_MIB: u64 = 64;
+const DISK_MIB: u64 = 16;
+/// Long enough that no sandbox is reaped for idleness during a run.
+const IDLE_TIMEOUT_SECS: u64 = 3600;
+const SERVER_START_LIMIT: Duration = Duration::from_secs(60);
+const SERVER_STOP_LIMIT: Duration = Duration::from_secs(120);
+const HTTP_LIMIT: Duration = Duration::from_secs(90);
+const POOL_FILL_LIMIT: Duration = Duration::from_secs(180);
+
+/// The one sandbox shape every Warren measure uses (and the pool holds).
+pub fn sandbox_request() -> CreateSandboxRequest {
+    CreateSandboxRequest {
+        image: IMAGE.into(),
+        memory_mib: MEMORY_MIB,
+        disk_mib: DISK_MIB,
+        idle_timeout_secs: IDLE_TIMEOUT_SECS,
+        ..CreateSandboxRequest::default()
+    }
+}
+
+/// The `--pool` value whose members match [`sandbox_request`].
+pub fn pool_spec(size: usize) -> String {
+    format!("image={IMAGE},memory_mib={MEMORY_MIB},disk_mib={DISK_MIB},size={size}")
+}
+
+fn exec_true() -> ExecRequest {
+    ExecRequest::argv(["/bin/true"])
+}
+
+// ---- the server ------------------------------------------------------------------
+
+/// A `warren serve` child; stopped (SIGTERM, then SIGKILL) when dropped.
+pub struct Server {
+    child: Child,
+    pub url: String,
+    pub log: PathBuf,
+    pub command: String,
+}
+
+impl Server {
+    pub fn start(binary: &Path, data_dir: &Path, instance: &str, pools: &[String], log: &Path) -> Result<Server> {
+        fs::create_dir_all(data_dir).map_err(|e| BenchError::io("mkdir", data_dir, e))?;
+        let url_file = data_dir.join("server.url");
+        let _ = fs::remove_file(&url_file);
+        let log_file = fs::File::create(log).map_err(|e| BenchError::io("create", log, e))?;
+        let log_err = log_file.try_clone().map_err(|e| BenchError::io("dup", log, e))?;
+        let mut c = Command::new(binary);
+        c.arg("serve")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--listen", "127.0.0.1:0", "--instance", instance, "--destroy-on-exit"]);
+        for p in pools {
+            c.arg("--pool").arg(p);
+        }
+        c.stdin(Stdio::null()).stdout(log_file).stderr(log_err);
+        let command = cmd::describe(&c);
+        let child = c.spawn().map_err(|e| BenchError::Spawn { program: command.clone(), source: e })?;
+        let mut server = Server { child, url: String::new(), log: log.to_path_buf(), command };
+        server.url = server.wait_for_url(&url_file)?;
+        Ok(server)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn wait_for_url(&mut self, url_file: &Path) -> Result<String> {
+        let deadline = Instant::now() + SERVER_START_LIMIT;
+        loop {
+            if let Ok(text) = fs::read_to_string(url_file) {
+                if !text.trim().is_empty() {
+                    return Ok(text.trim().to_string());
+                }
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(BenchError::ServerDied { status: status.to_string(), log_tail: self.log_tail() });
+            }
+            if Instant::now() > deadline {
+                return Err(BenchError::Timeout { what: format!("{}", url_file.display()), limit: SERVER_START_LIMIT });
+            }
+            harness::check_interrupt()?;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+
+    /// SIGTERM (the server then ends every sandbox), bounded wait, then SIGKILL.
+    pub fn stop(&mut self) -> Result<()> {
+        if self.child.try_wait().ok().flatten().is_some() {
+            return Ok(());
+        }
+        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        match cmd::wait_bounded(&mut self.child, SERVER_STOP_LIMIT) {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            eprintln!("warren-bench: stopping the warren server: {e}");
+        }
+    }
+}
+
+// ---- the client -----------------------------------------------------------------
+
+/// A blocking API client with its own single-threaded runtime and
+/// connection, so each benchmark thread drives its own requests without
+/// handing them to another thread.
+pub struct Client {
+    rt: tokio::runtime::Runtime,
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Client {
+    pub fn new(base: &str) -> Result<Client> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| BenchError::io("start", "tokio runtime", e))?;
+        let http = reqwest::Client::builder()
+            .timeout(HTTP_LIMIT)
+            .build()
+            .map_err(|e| BenchError::Http { op: "client".into(), source: e })?;
+        Ok(Client { rt, http, base: base.trim_end_matches('/').to_string() })
+    }
+
+    fn call<T: DeserializeOwned>(&self, op: &str, rb: reqwest::RequestBuilder) -> Result<T> {
+        self.rt.block_on(async {
+            let http = |e| BenchError::Http { op: op.to_string(), source: e };
+            let resp = rb.send().await.map_err(http)?;
+            let status = resp.status();
+            if !status.is_success() {
+                let body = resp.text().await.unwrap_or_default();
+                return Err(BenchError::Api { op: op.to_string(), status: status.as_u16(), body });
+            }
+            resp.json::<T>().await.map_err(http)
+        })
+    }
+
+    fn req(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        self.http.request(method, format!("{}{path}", self.base))
+    }
+
+    pub fn health(&self) -> Result<Health> {
+        self.call("health", self.req(Method::GET, "/v1/health"))
+    }
+
+    pub fn import_dir(&self, name: &str, dir: &Path) -> Result<()> {
+        let body = serde_json::json!({"name": name, "dir": dir});
+        self.call::<serde_json::Value>("import image", self.req(Method::POST, "/v1/images").json(&body)).map(|_| ())
+    }
+
+    pub fn create(&self, req: &CreateSandboxRequest) -> Result<SandboxInfo> {
+        self.call("create", self.req(Method::POST, "/v1/sandboxes").json(req))
+    }
+
+    /// `?wait=true` exec of `/bin/true`; anything but a clean exit 0 is an error.
+    pub fn exec_true(&self, id: &str) -> Result<ExecResult> {
+        let rb = self.req(Method::POST, &format!("/v1/sandboxes/{id}/exec")).query(&[("wait", "true")]).json(&exec_true());
+        let r: ExecResult = self.call("exec", rb)?;
+        if r.status != ExecStatus::Ok || r.exit_code != Some(0) {
+            return Err(BenchError::Unexpected {
+                op: "exec /bin/true".into(),
+                detail: format!("status {:?}, exit code {:?}", r.status, r.exit_code),
+            });
+        }
+        Ok(r)
+    }
+
+    pub fn delete(&self, id: &str) -> Result<SandboxInfo> {
+        self.call("delete", self.req(Method::DELETE, &format!("/v1/sandboxes/{id}")))
+    }
+
+    pub fn running(&self) -> Result<Vec<SandboxInfo>> {
+        let rb = self.req(Method::GET, "/v1/sandboxes").query(&[("state", "running")]);
+        self.call::<SandboxList>("list", rb).map(|l| l.sandboxes)
+    }
+}
+
+// ---- the measures -----------------------------------------------------------------
+
+/// One cold cycle: create, exec `true`, delete, each step timed.
+fn cold_cycle(client: &Client, parts: &mut [Latencies; 3]) -> Result<Duration> {
+    let t0 = Instant::now();
+    let sb = client.create(&sandbox_request())?;
+    let t1 = Instant::now();
+    let exec = client.exec_true(&sb.id);
+    let t2 = Instant::now();
+    // Delete even when the exec failed, so a failed sample leaves nothing behind.
+    let deleted = client.delete(&sb.id);
+    let t3 = Instant::now();
+    exec?;
+    deleted?;
+    parts[0].push(t1 - t0);
+    parts[1].push(t2 - t1);
+    parts[2].push(t3 - t2);
+    Ok(t3 - t0)
+}
+
+fn measure_cold(c: &mut Contender, client: &Client, plan: &Plan) -> Result<()> {
+    let mut parts: [Latencies; 3] = Default::default();
+    for _ in 0..plan.warmup {
+        harness::check_interrupt()?;
+        cold_cycle(client, &mut Default::default())?;
+    }
+    c.cold = settle(harness::sequential(0, plan.samples, || cold_cycle(client, &mut parts)))?;
+    let [create, exec, delete] = parts;
+    for (name, lat) in [("create", create), ("exec `true`", exec), ("delete", delete)] {
+        let step = match c.cold.done() {
+            Some(m) => Outcome::Done(crate::results::Measured { value: lat, cpu: m.cpu }),
+            None => Outcome::skipped("cold cycle failed"),
+        };
+        c.cold_parts.push((format!("step: {name}"), step));
+    }
+    Ok(())
+}
+
+fn measure_exec(client: &Client, plan: &Plan) -> Result<crate::results::Measured<Latencies>> {
+    let sb = client.create(&sandbox_request())?;
+    let measured = harness::sequential(plan.warmup, plan.exec_samples, || {
+        let t = Instant::now();
+        client.exec_true(&sb.id)?;
+        Ok(t.elapsed())
+    });
+    client.delete(&sb.id)?;
+    measured
+}
+
+fn create_delete(client: &Client) -> Result<Duration> {
+    let t = Instant::now();
+    let sb = client.create(&sandbox_request())?;
+    client.delete(&sb.id)?;
+    Ok(t.elapsed())
+}
+
+struct WarrenIdle<'a> {
+    url: &'a str,
+    instance: &'a str,
+    server_pid: u32,
+    server_rss_before: u64,
+}
+
+impl IdleHolder for WarrenIdle<'_> {
+    type Worker = Client;
+    /// The sandbox id. Sandboxes a failed run leaves are ended by the
+    /// server's `--destroy-on-exit` when its guard stops it.
+    type Handle = String;
+
+    fn worker(&self) -> Result<Client> {
+        Client::new(self.url)
+    }
+
+    fn start(&self, client: &mut Client, _: usize) -> Result<String> {
+        client.create(&sandbox_request()).map(|sb| sb.id)
+    }
+
+    fn ready(&self, handles: &[String]) -> Result<()> {
+        let running = Client::new(self.url)?.running()?;
+        let live = handles.iter().filter(|id| running.iter().any(|sb| &sb.id == *id)).count();
+        if live != handles.len() {
+            return Err(BenchError::Unexpected {
+                op: "idle sandboxes".into(),
+                detail: format!("{live} of {} created are running", handles.len()),
+            });
+        }
+        Ok(())
+    }
+
+    fn usage(&self, handles: &[String]) -> IdleUsage {
+        let instance_dir = Path::new(host::MEMORY_CGROUP_ROOT).join(self.instance);
+        let mut extra = Vec::new();
+        if let Ok(running) = Client::new(self.url).and_then(|c| c.running()) {
+            let api_sum: u64 = running.iter().filter_map(|sb| sb.usage.as_ref()).map(|u| u.memory_bytes).sum();
+            extra.push(("API `usage.memory_bytes` summed".into(), stats::bytes(api_sum as f64)));
+        }
+        if let Ok(rss) = host::process_rss_bytes(self.server_pid) {
+            let grown = rss as f64 - self.server_rss_before as f64;
+            extra.push(("server RSS growth per sandbox".into(), stats::bytes(grown / handles.len().max(1) as f64)));
+        }
+        let tasks = count_tasks(&Path::new("/sys/fs/cgroup/pids").join(self.instance));
+        if tasks > 0 {
+            extra.push(("host tasks per sandbox".into(), format!("{:.1}", tasks as f64 / handles.len().max(1) as f64)));
+        }
+        IdleUsage {
+            cgroup_bytes: host::cgroup_memory_usage(&instance_dir),
+            source: format!("memory.usage_in_bytes of {} (the instance parent)", instance_dir.display()),
+            extra,
+        }
+    }
+
+    fn stop(&self, client: &mut Client, id: String) -> Result<()> {
+        client.delete(&id).map(|_| ())
+    }
+}
+
+/// Tasks (threads) in a v1 cgroup tree.
+fn count_tasks(dir: &Path) -> usize {
+    let own = fs::read_to_string(dir.join("tasks")).map_or(0, |t| t.lines().count());
+    let children: usize = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| count_tasks(&e.path()))
+        .sum();
+    own + children
+}
+
+/// Sandboxes of the instance that exist on the host (pool members included).
+fn instance_sandboxes(instance: &str) -> usize {
+    let dir = Path::new(host::MEMORY_CGROUP_ROOT).join(instance);
+    fs::read_dir(dir).into_iter().flatten().flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).count()
+}
+
+fn wait_for_pool(instance: &str, size: usize) -> Result<()> {
+    let deadline = Instant::now() + POOL_FILL_LIMIT;
+    while instance_sandboxes(instance) < size {
+        if Instant::now() > deadline {
+            return Err(BenchError::Timeout { what: format!("a warm pool of {size}"), limit: POOL_FILL_LIMIT });
+        }
+        harness::check_interrupt()?;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Claim + exec, then delete (untimed) and wait `gap` so the pool refills
+/// the member just taken before the next sample.
+fn warm_cycle(client: &Client, gap: Duration, deletes: &mut Latencies) -> Result<Duration> {
+    let t0 = Instant::now();
+    let sb = client.create(&sandbox_request())?;
+    let exec = client.exec_true(&sb.id);
+    let took = t0.elapsed();
+    let t1 = Instant::now();
+    let deleted = client.delete(&sb.id);
+    deletes.push(t1.elapsed());
+    std::thread::sleep(gap);
+    exec?;
+    deleted?;
+    if !sb.from_pool {
+        return Err(BenchError::Unexpected { op: "claim".into(), detail: "pool was empty: a cold create answered".into() });
+    }
+    Ok(took)
+}
+
+pub struct WarrenSetup<'a> {
+    pub binary: &'a Path,
+    pub workdir: &'a Path,
+    pub rootfs: &'a Path,
+}
+
+pub fn bench_warren(plan: &Plan, setup: &WarrenSetup<'_>) -> Result<Contender> {
+    let version = host::tool_version(&setup.binary.to_string_lossy(), &["--version"]);
+    let mut c = Contender::new("Warren", version);
+    let instance = cleanup::warren_instance(std::process::id());
+    let data_dir = setup.workdir.join("warren-data");
+    let request = serde_json::to_string(&sandbox_request()).unwrap_or_default();
+    c.commands.push(("sandbox shape".into(), format!("POST /v1/sandboxes {request}")));
+    c.commands.push(("exec".into(), "POST /v1/sandboxes/{id}/exec?wait=true {\"argv\":[\"/bin/true\"]}".into()));
+
+    match phase_cold(&mut c, plan, setup, &data_dir, &instance) {
+        Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
+        Err(e) => c.cold = Outcome::Failed(format!("server: {e}")),
+        Ok(()) => {}
+    }
+    note_leaks(&mut c, &instance, &data_dir, "after the first server stopped");
+    let gap = refill_gap(&c);
+    match phase_warm(&mut c, plan, setup, &data_dir, &instance, gap) {
+        Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
+        Err(e) => c.warm = Outcome::Failed(format!("server: {e}")),
+        Ok(()) => {}
+    }
+    note_leaks(&mut c, &instance, &data_dir, "after the pooled server stopped");
+    Ok(c)
+}
+
+/// One claim every 3x the cold create time leaves the pool time to replace
+/// the member taken; the filler starts at once when woken by the claim.
+fn refill_gap(c: &Contender) -> Duration {
+    let create_p50 = c.cold_parts.iter().find(|(n, _)| n == "step: create").and_then(|(_, o)| o.done()?.value.p50());
+    create_p50.map_or(Duration::from_millis(300), |d| (d * 3).max(Duration::from_millis(50)))
+}
+
+fn phase_cold(c: &mut Contender, plan: &Plan, setup: &WarrenSetup<'_>, data_dir: &Path, instance: &str) -> Result<()> {
+    let server = Server::start(setup.binary, data_dir, instance, &[], &setup.workdir.join("server-cold.log"))?;
+    c.commands.push(("server".into(), server.command.clone()));
+    let client = Client::new(&server.url)?;
+    client.health()?;
+    client.import_dir(IMAGE, setup.rootfs)?;
+
+    crate::progress("Warren: cold create+exec+delete");
+    let cpu0 = host::process_cpu(server.pid()).ok();
+    measure_cold(c, &client, plan)?;
+    note_server_cpu(c, &server, cpu0, "cold cycle", c.cold.done().map_or(0, |m| m.value.len() + plan.warmup));
+
+    crate::progress("Warren: exec round trip");
+    let cpu0 = host::process_cpu(server.pid()).ok();
+    c.exec = settle(measure_exec(&client, plan))?;
+    note_server_cpu(c, &server, cpu0, "exec", plan.exec_samples + plan.warmup);
+
+    crate::progress("Warren: sustained create+delete");
+    let cpu0 = host::process_cpu(server.pid()).ok();
+    let url = server.url.clone();
+    c.sustained = settle(harness::sustained(plan.clients, plan.sustain, || Client::new(&url), create_delete))?;
+    note_server_cpu(c, &server, cpu0, "create+delete", c.sustained.done().map_or(0, |m| m.value.cycles.len()));
+
+    crate::progress("Warren: idle sandboxes");
+    let holder = WarrenIdle {
+        url: &server.url,
+        instance,
+        server_pid: server.pid(),
+        server_rss_before: host::process_rss_bytes(server.pid()).unwrap_or(0),
+    };
+    c.idle = settle(harness::idle(plan, &holder))?;
+    drop(server);
+    Ok(())
+}
+
+fn phase_warm(
+    c: &mut Contender,
+    plan: &Plan,
+    setup: &WarrenSetup<'_>,
+    data_dir: &Path,
+    instance: &str,
+    gap: Duration,
+) -> Result<()> {
+    crate::progress("Warren: warm pool claim+exec");
+    let pools = [pool_spec(plan.pool_size)];
+    let server = Server::start(setup.binary, data_dir, instance, &pools, &setup.workdir.join("server-warm.log"))?;
+    c.commands.push(("pooled server".into(), server.command.clone()));
+    wait_for_pool(instance, plan.pool_size)?;
+    // The last member counted may still be booting.
+    std::thread::sleep(Duration::from_secs(1));
+    let client = Client::new(&server.url)?;
+    let mut deletes = Latencies::default();
+    c.warm = settle(harness::sequential(plan.warmup, plan.samples, || warm_cycle(&client, gap, &mut deletes)))?;
+    c.notes.push(format!(
+        "warm pool: size {}, one claim every >= {} (3x cold create p50) so the member taken is replaced before the \
+         next claim; a claim answered by a cold create counts as a failure (pool empty). Delete after a claim: p50 {}",
+        plan.pool_size,
+        stats::ms(gap),
+        stats::opt_ms(deletes.p50())
+    ));
+    drop(server);
+    Ok(())
+}
+
+fn note_server_cpu(c: &mut Contender, server: &Server, before: Option<Duration>, what: &str, ops: usize) {
+    let (Some(before), Ok(after)) = (before, host::process_cpu(server.pid())) else { return };
+    if ops > 0 {
+        let per_op = (after.saturating_sub(before)) / ops as u32;
+        c.notes.push(format!("server process CPU (incl. reaped children) per {what}: {}", stats::ms(per_op)));
+    }
+}
+
+/// Records (and then removes) whatever a stopped server left on the host.
+fn note_leaks(c: &mut Contender, instance: &str, data_dir: &Path, when: &str) {
+    let cgroups = cleanup::instance_cgroups(instance);
+    let mounts = cleanup::mounts_below(&fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(), data_dir);
+    if !cgroups.is_empty() || !mounts.is_empty() {
+        c.notes.push(format!(
+            "LEAK {when}: {} sandbox cgroup dirs and {} mounts left behind (removed by the benchmark)",
+            cgroups.len(),
+            mounts.len()
+        ));
+    }
+    cleanup::unmount_below(data_dir);
+    for e in cleanup::remove_named_cgroups(instance) {
+        c.notes.push(format!("cleanup: {e}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_spec_matches_the_request_shape() {
+        let r = sandbox_request();
+        let spec = pool_spec(8);
+        assert!(spec.contains(&format!("image={}", r.image)));
+        assert!(spec.contains(&format!("memory_mib={}", r.memory_mib)));
+        assert!(spec.contains(&format!("disk_mib={}", r.disk_mib)));
+        assert!(spec.ends_with("size=8"));
+        assert!(r.validate().is_ok());
+    }
+
+    #[test]
+    fn the_refill_gap_follows_the_cold_create_time() {
+        let mut c = Contender::new("Warren", "test");
+        assert_eq!(refill_gap(&c), Duration::from_millis(300));
+        let mut lat = Latencies::default();
+        lat.push(Duration::from_millis(40));
+        let cpu = host::CpuUse { busy: Duration::ZERO, wall: Duration::ZERO };
+        c.cold_parts.push(("step: create".into(), Outcome::Done(crate::results::Measured { value: lat, cpu })));
+        assert_eq!(refill_gap(&c), Duration::from_millis(120));
+    }
+}
