@@ -103,9 +103,9 @@ mod tests {
 
     #[test]
     fn success_is_timed_and_failure_carries_stderr() {
-        let took = run_timed(&mut Command::new("/bin/sh").args(["-c", "sleep 0.05"])).unwrap();
+        let took = run_timed(Command::new("/bin/sh").args(["-c", "sleep 0.05"])).unwrap();
         assert!(took >= Duration::from_millis(50));
-        let err = run_timed(&mut Command::new("/bin/sh").args(["-c", "echo nope >&2; exit 3"])).unwrap_err();
+        let err = run_timed(Command::new("/bin/sh").args(["-c", "echo nope >&2; exit 3"])).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("nope") && text.contains('3'), "{text}");
     }

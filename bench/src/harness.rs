@@ -61,7 +61,7 @@ pub fn sequential(warmup: usize, n: usize, mut once: impl FnMut() -> Result<Dura
 
 /// `clients` threads repeat `once` until `duration` has passed; the rate is
 /// completed cycles over the time until the last one finished.
-pub fn sustained<W>(
+pub fn sustained<W: Send>(
     clients: usize,
     duration: Duration,
     worker: impl Fn() -> Result<W> + Sync,
@@ -246,10 +246,11 @@ mod tests {
         let mut i = 0;
         let m = sequential(1, 4, || {
             i += 1;
-            if i % 2 == 0 {
+            // The warm-up call (i == 1) succeeds; then 2 of the 4 samples fail.
+            if i % 2 == 1 {
                 Ok(Duration::from_millis(i))
             } else {
-                Err(BenchError::parse("x", "odd"))
+                Err(BenchError::parse("x", "even"))
             }
         });
         let lat = m.unwrap().value;

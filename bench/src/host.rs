@@ -95,7 +95,7 @@ pub fn parse_busy_ticks(stat: &str) -> Option<u64> {
 }
 
 fn ticks_to_duration(ticks: u64) -> Duration {
-    let hz = u64::from(rustix::param::clock_ticks_per_second()).max(1);
+    let hz = rustix::param::clock_ticks_per_second().max(1);
     Duration::from_micros(ticks.saturating_mul(1_000_000) / hz)
 }
 

@@ -2,7 +2,6 @@
 //! as a user would: bubblewrap, runc and crun on the same rootfs.
 
 use std::fs;
-use std::io::Write;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -149,9 +148,12 @@ pub fn bench_bwrap(plan: &Plan, rootfs: &Path) -> Result<Contender> {
     let mut c = Contender::new("bwrap", host::tool_version("bwrap", &["--version"]));
     c.commands.push(("cold".into(), cmd::describe(&bwrap.command(&["true"]))));
     c.commands.push(("idle".into(), cmd::describe(&bwrap.command(&["sleep", "1d"]))));
+    crate::progress("bwrap: cold");
     c.cold = settle(harness::sequential(plan.warmup, plan.samples, || bwrap.cold()))?;
     c.exec = Outcome::skipped("bwrap has no way to run a second command in a running sandbox");
+    crate::progress("bwrap: sustained");
     c.sustained = settle(harness::sustained(plan.clients, plan.sustain, || Ok(()), |_| bwrap.cold()))?;
+    crate::progress("bwrap: idle");
     let cgroup_name = format!("{}bwrap", cleanup::own_prefix(std::process::id()));
     c.idle = match CgroupDir::create(&cgroup_name) {
         Ok(cgroup) => settle(harness::idle(plan, &BwrapIdle { bwrap: &bwrap, cgroup }))?,
@@ -443,11 +445,15 @@ pub fn bench_oci(runtime: Runtime, plan: &Plan, workdir: &Path, rootfs: &Path) -
         }
     };
     describe_oci(&mut c, &oci);
+    crate::progress(&format!("{name}: cold"));
     c.cold = settle(harness::sequential(plan.warmup, plan.samples, || oci.run_once()))?;
     let split = settle(harness::sequential(plan.warmup, plan.samples, || oci.create_start_delete()))?;
     c.cold_parts.push((format!("`{name} create` + `start` + wait + `delete`"), split));
+    crate::progress(&format!("{name}: exec"));
     c.exec = settle(measure_exec(&oci, plan))?;
+    crate::progress(&format!("{name}: sustained"));
     c.sustained = settle(harness::sustained(plan.clients, plan.sustain, || Ok(()), |_| oci.run_once()))?;
+    crate::progress(&format!("{name}: idle"));
     c.idle = settle(harness::idle(plan, &OciIdle { oci: &oci }))?;
     Ok(c)
 }
@@ -475,12 +481,6 @@ fn describe_oci(c: &mut Contender, oci: &Oci) {
     c.commands.push(("exec".into(), format!("{name} exec <id> true (in a `sleep 1d` container)")));
     c.commands.push(("idle".into(), format!("{name} run --detach --bundle {} --pid-file F <id>", b(&oci.sleeper))));
     c.notes.push(format!("bundles from `runc spec`, root.path = the shared rootfs (read-only), terminal false{ns}"));
-}
-
-/// Writes a line to stderr so a long run shows where it is.
-pub fn progress(what: &str) {
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "warren-bench: {what}");
 }
 
 #[cfg(test)]

@@ -88,7 +88,7 @@ fn header(out: &mut String, run: &Run<'_>) {
     out.push('\n');
 }
 
-fn warren(run: &Run<'_>) -> Option<&Contender> {
+fn warren<'a>(run: &'a Run<'_>) -> Option<&'a Contender> {
     run.contenders.iter().find(|c| c.name == "Warren")
 }
 
@@ -183,6 +183,10 @@ fn side_by_side(out: &mut String, run: &Run<'_>) {
     let _ = writeln!(out, "\n`-`: not applicable or failed; see the details below.\n");
 }
 
+fn secs(d: Option<Duration>) -> Option<f64> {
+    d.map(|d| d.as_secs_f64())
+}
+
 /// Warren's figure over a peer's, for one measure.
 type Figure = fn(&Contender) -> Option<f64>;
 
@@ -196,7 +200,6 @@ fn ratios(out: &mut String, run: &Run<'_>) {
     );
     let _ = writeln!(out, "| measure | {} |", names.iter().map(|n| format!("Warren / {n}")).collect::<Vec<_>>().join(" | "));
     let _ = writeln!(out, "|---|{}", "---|".repeat(names.len()));
-    let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
     let rows: [(&str, Figure); 6] = [
         ("cold p50", |c| secs(lat(&c.cold)?.p50())),
         ("cold p99", |c| secs(lat(&c.cold)?.p99())),

@@ -111,16 +111,15 @@ pub struct Contender {
 
 impl Contender {
     pub fn new(name: impl Into<String>, version: impl Into<String>) -> Self {
-        let not_run = || Outcome::skipped("not run");
         Contender {
             name: name.into(),
             version: version.into(),
-            cold: not_run(),
+            cold: Outcome::skipped("not run"),
             cold_parts: Vec::new(),
             warm: Outcome::skipped("no warm pool in this tool"),
-            exec: not_run(),
-            sustained: not_run(),
-            idle: not_run(),
+            exec: Outcome::skipped("not run"),
+            sustained: Outcome::skipped("not run"),
+            idle: Outcome::skipped("not run"),
             commands: Vec::new(),
             notes: Vec::new(),
         }

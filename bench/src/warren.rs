@@ -440,7 +440,7 @@ fn phase_cold(c: &mut Contender, plan: &Plan, setup: &WarrenSetup<'_>, data_dir:
     crate::progress("Warren: sustained create+delete");
     let cpu0 = host::process_cpu(server.pid()).ok();
     let url = server.url.clone();
-    c.sustained = settle(harness::sustained(plan.clients, plan.sustain, || Client::new(&url), create_delete))?;
+    c.sustained = settle(harness::sustained(plan.clients, plan.sustain, || Client::new(&url), |c| create_delete(c)))?;
     note_server_cpu(c, &server, cpu0, "create+delete", c.sustained.done().map_or(0, |m| m.value.cycles.len()));
 
     crate::progress("Warren: idle sandboxes");

@@ -130,6 +130,18 @@ struct Live {
 }
 
 impl Live {
+    fn new(id: String, handle: SandboxHandle, driver: Arc<dyn Driver>, rec: SandboxRecord) -> Arc<Live> {
+        Arc::new(Live {
+            id,
+            handle,
+            driver,
+            record: Mutex::new(rec),
+            execs: Mutex::new(HashMap::new()),
+            running_execs: AtomicUsize::new(0),
+            sessions: Mutex::new(HashMap::new()),
+        })
+    }
+
     fn record(&self) -> std::sync::MutexGuard<'_, SandboxRecord> {
         self.record.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -309,16 +321,7 @@ impl Node {
         rec.handle = Some(handle.clone());
         self.save(&rec)?;
         let info = rec.info.clone();
-        let live = Arc::new(Live {
-            id: id.clone(),
-            handle,
-            driver,
-            record: Mutex::new(rec),
-            execs: Mutex::new(HashMap::new()),
-            running_execs: AtomicUsize::new(0),
-            sessions: Mutex::new(HashMap::new()),
-        });
-        self.live_map().insert(id, live);
+        self.live_map().insert(id.clone(), Live::new(id, handle, driver, rec));
         drop(admitted);
         Ok((info, true))
     }
@@ -708,15 +711,7 @@ impl Node {
                 let Some(handle) = rec.handle.clone() else { continue };
                 keep.push(handle.id.clone());
                 rec.info.last_activity_at_ms = now_ms();
-                let live = Arc::new(Live {
-                    id: id.clone(),
-                    handle,
-                    driver,
-                    record: Mutex::new(rec),
-                    execs: Mutex::new(HashMap::new()),
-                    running_execs: AtomicUsize::new(0),
-                    sessions: Mutex::new(HashMap::new()),
-                });
+                let live = Live::new(id.clone(), handle, driver, rec);
                 for (key, bytes) in self.store().list(Table::Sessions, &format!("{id}/"))? {
                     if let Ok(s) = serde_json::from_slice::<SessionRecord>(&bytes) {
                         let sid = key.rsplit('/').next().unwrap_or_default().to_string();
