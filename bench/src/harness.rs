@@ -130,16 +130,17 @@ pub trait IdleHolder: Sync {
 /// settle, reads host memory and idle CPU, then stops them all.
 pub fn idle<T: IdleHolder>(plan: &Plan, holder: &T) -> Result<Measured<IdleMemory>> {
     let mut workers: Vec<T::Worker> = (0..plan.clients.max(1)).map(|_| holder.worker()).collect::<Result<_>>()?;
-    let baseline = host::settled_mem_available()?;
+    let before = host::settled_mem_snapshot()?;
     let cpu = CpuSnapshot::now()?;
 
     let started_at = Instant::now();
     let (handles, start_failures) = start_all(holder, &mut workers, plan.idle);
     let start_wall = started_at.elapsed();
-    let mut m = IdleMemory { requested: plan.idle, started: handles.len(), start_failures, start_wall, ..Default::default() };
+    let mut m =
+        IdleMemory { requested: plan.idle, started: handles.len(), start_failures, start_wall, before, ..Default::default() };
 
     // Whatever happens here, the handles are stopped below (or by their Drop).
-    let measured = measure_idle(plan, holder, baseline, &handles, &mut m);
+    let measured = measure_idle(plan, holder, &handles, &mut m);
 
     let stopped_at = Instant::now();
     m.stop_failures = stop_all(holder, &mut workers, handles);
@@ -149,7 +150,7 @@ pub fn idle<T: IdleHolder>(plan: &Plan, holder: &T) -> Result<Measured<IdleMemor
         return Err(BenchError::Unexpected { op: "idle start".into(), detail: m.start_failures.summary() });
     }
     std::thread::sleep(plan.settle);
-    m.not_returned_bytes = baseline as i64 - host::settled_mem_available()? as i64;
+    m.after = host::settled_mem_snapshot()?;
     Ok(Measured { value: m, cpu: cpu.since()? })
 }
 
@@ -182,7 +183,6 @@ fn start_all<T: IdleHolder>(holder: &T, workers: &mut [T::Worker], n: usize) -> 
 fn measure_idle<T: IdleHolder>(
     plan: &Plan,
     holder: &T,
-    baseline: u64,
     handles: &[T::Handle],
     m: &mut IdleMemory,
 ) -> Result<()> {
@@ -193,7 +193,7 @@ fn measure_idle<T: IdleHolder>(
     holder.ready(handles)?;
     std::thread::sleep(plan.settle);
     check_interrupt()?;
-    m.mem_available_drop_bytes = baseline as i64 - host::settled_mem_available()? as i64;
+    m.during = host::settled_mem_snapshot()?;
     let usage = holder.usage(handles);
     m.cgroup_bytes = usage.cgroup_bytes;
     m.cgroup_source = usage.source;

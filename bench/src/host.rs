@@ -51,23 +51,41 @@ pub fn meminfo_bytes(meminfo: &str, field: &str) -> Option<u64> {
     })
 }
 
-pub fn mem_available_bytes() -> Result<u64> {
-    let text = fs::read_to_string("/proc/meminfo").map_err(|e| BenchError::io("read", "/proc/meminfo", e))?;
-    meminfo_bytes(&text, "MemAvailable").ok_or_else(|| BenchError::parse("/proc/meminfo", "no MemAvailable"))
+/// Host memory figures at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemSnapshot {
+    pub available: u64,
+    /// SUnreclaim + KernelStack + PageTables + Percpu: kernel memory that
+    /// namespaces, mounts and processes pin, and that another process's page
+    /// cache or heap does not move.
+    pub kernel_pinned: u64,
 }
 
-/// MemAvailable as the median of three readings 200 ms apart, so one
+pub fn parse_mem_snapshot(meminfo: &str) -> Option<MemSnapshot> {
+    let field = |name| meminfo_bytes(meminfo, name).unwrap_or(0);
+    Some(MemSnapshot {
+        available: meminfo_bytes(meminfo, "MemAvailable")?,
+        kernel_pinned: field("SUnreclaim") + field("KernelStack") + field("PageTables") + field("Percpu"),
+    })
+}
+
+fn mem_snapshot_now() -> Result<MemSnapshot> {
+    let text = fs::read_to_string("/proc/meminfo").map_err(|e| BenchError::io("read", "/proc/meminfo", e))?;
+    parse_mem_snapshot(&text).ok_or_else(|| BenchError::parse("/proc/meminfo", "no MemAvailable"))
+}
+
+/// The median (by MemAvailable) of three readings 200 ms apart, so one
 /// reading taken while the kernel frees or another process allocates does
 /// not become the figure.
-pub fn settled_mem_available() -> Result<u64> {
+pub fn settled_mem_snapshot() -> Result<MemSnapshot> {
     let mut readings = Vec::with_capacity(3);
     for i in 0..3 {
         if i > 0 {
             std::thread::sleep(Duration::from_millis(200));
         }
-        readings.push(mem_available_bytes()?);
+        readings.push(mem_snapshot_now()?);
     }
-    readings.sort_unstable();
+    readings.sort_unstable_by_key(|m| m.available);
     Ok(readings[1])
 }
 
@@ -191,6 +209,9 @@ mod tests {
         assert_eq!(meminfo_bytes(text, "MemAvailable"), Some(2048 * 1024));
         assert_eq!(meminfo_bytes(text, "MemFree"), Some(100 * 1024));
         assert_eq!(meminfo_bytes(text, "Mem"), None);
+        let full = "MemAvailable: 10 kB\nSUnreclaim: 1 kB\nKernelStack: 2 kB\nPageTables: 3 kB\nPercpu: 4 kB\n";
+        assert_eq!(parse_mem_snapshot(full), Some(MemSnapshot { available: 10240, kernel_pinned: 10240 }));
+        assert_eq!(parse_mem_snapshot("MemFree: 1 kB\n"), None);
     }
 
     #[test]
@@ -220,6 +241,7 @@ mod tests {
         assert!(process_rss_bytes(pid).unwrap() > 0);
         assert!(process_cpu(pid).is_ok());
         assert!(memory_cgroup_of(pid).is_some_and(|p| p.starts_with(MEMORY_CGROUP_ROOT)));
-        assert!(mem_available_bytes().unwrap() > 0);
+        let m = settled_mem_snapshot().unwrap();
+        assert!(m.available > 0 && m.kernel_pinned > 0);
     }
 }

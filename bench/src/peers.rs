@@ -18,7 +18,7 @@ use crate::error::{BenchError, Result};
 use crate::harness::{self, IdleHolder, IdleUsage};
 use crate::host;
 use crate::oci;
-use crate::results::{Contender, Measured, Outcome, Plan};
+use crate::results::{Contender, Measured, Outcome, Part, Plan};
 
 /// How long idle sandboxes may take to reach their `sleep`.
 const READY_LIMIT: Duration = Duration::from_secs(120);
@@ -448,7 +448,7 @@ pub fn bench_oci(runtime: Runtime, plan: &Plan, workdir: &Path, rootfs: &Path) -
     crate::progress(&format!("{name}: cold"));
     c.cold = settle(harness::sequential(plan.warmup, plan.samples, || oci.run_once()))?;
     let split = settle(harness::sequential(plan.warmup, plan.samples, || oci.create_start_delete()))?;
-    c.cold_parts.push((format!("`{name} create` + `start` + wait + `delete`"), split));
+    c.parts.push(Part { name: format!("cold, split: `{name} create` + `start` + wait + `delete`"), latencies: split, own_cpu: true });
     crate::progress(&format!("{name}: exec"));
     c.exec = settle(measure_exec(&oci, plan))?;
     crate::progress(&format!("{name}: sustained"));

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::host::CpuUse;
+use crate::host::{CpuUse, MemSnapshot};
 use crate::stats::{Failures, Latencies};
 
 /// A measure's value with the host CPU it took.
@@ -61,8 +61,10 @@ pub struct IdleMemory {
     pub requested: usize,
     pub started: usize,
     pub start_failures: Failures,
-    /// MemAvailable before minus MemAvailable with all of them idle.
-    pub mem_available_drop_bytes: i64,
+    /// Host memory before any was started, with all of them idle, and after teardown.
+    pub before: MemSnapshot,
+    pub during: MemSnapshot,
+    pub after: MemSnapshot,
     /// Sum of the sandboxes' memory cgroup usage, when it could be read.
     pub cgroup_bytes: Option<u64>,
     /// How the cgroup figure was read.
@@ -74,19 +76,47 @@ pub struct IdleMemory {
     pub start_wall: Duration,
     pub stop_wall: Duration,
     pub stop_failures: Failures,
-    /// MemAvailable before minus MemAvailable after teardown: what did not come back.
-    pub not_returned_bytes: i64,
 }
 
 impl IdleMemory {
+    fn per_sandbox(&self, bytes: i64) -> Option<f64> {
+        (self.started > 0).then(|| bytes as f64 / self.started as f64)
+    }
+
+    /// MemAvailable before minus with all idle, per sandbox: the brief's figure.
     pub fn per_sandbox_drop(&self) -> Option<f64> {
-        (self.started > 0).then(|| self.mem_available_drop_bytes as f64 / self.started as f64)
+        self.per_sandbox(self.before.available as i64 - self.during.available as i64)
+    }
+
+    /// The same against the level after teardown, which cancels drift that
+    /// other processes caused while the sandboxes were being started.
+    pub fn per_sandbox_drop_vs_after(&self) -> Option<f64> {
+        self.per_sandbox(self.after.available as i64 - self.during.available as i64)
+    }
+
+    pub fn per_sandbox_kernel_pinned(&self) -> Option<f64> {
+        self.per_sandbox(self.during.kernel_pinned as i64 - self.before.kernel_pinned as i64)
+    }
+
+    /// MemAvailable that had not come back after teardown (negative: more came back).
+    pub fn not_returned_bytes(&self) -> i64 {
+        self.before.available as i64 - self.after.available as i64
     }
 
     pub fn per_sandbox_cgroup(&self) -> Option<f64> {
         let bytes = self.cgroup_bytes?;
         (self.started > 0).then(|| bytes as f64 / self.started as f64)
     }
+}
+
+/// A figure that explains a measure. Its name starts with the measure's
+/// (`cold`, `warm`), so the report shows it under that measure.
+#[derive(Debug, Clone)]
+pub struct Part {
+    pub name: String,
+    pub latencies: Outcome<Latencies>,
+    /// False for one step of a cycle: the cycle's CPU cannot be split among its steps.
+    pub own_cpu: bool,
 }
 
 /// One tool's results.
@@ -96,8 +126,8 @@ pub struct Contender {
     pub version: String,
     /// Create + run `true` + destroy, by the tool's most direct route.
     pub cold: Outcome<Latencies>,
-    /// Figures that explain the cold cycle: its steps, or a second route.
-    pub cold_parts: Vec<(String, Outcome<Latencies>)>,
+    /// Figures that explain a measure: its steps, or a second route to the same end.
+    pub parts: Vec<Part>,
     /// Warm-pool claim + exec (Warren only).
     pub warm: Outcome<Latencies>,
     /// Exec of `true` in a running sandbox.
@@ -110,12 +140,16 @@ pub struct Contender {
 }
 
 impl Contender {
+    pub fn part(&self, name: &str) -> Option<&Latencies> {
+        self.parts.iter().find(|p| p.name == name).and_then(|p| p.latencies.done()).map(|m| &m.value)
+    }
+
     pub fn new(name: impl Into<String>, version: impl Into<String>) -> Self {
         Contender {
             name: name.into(),
             version: version.into(),
             cold: Outcome::skipped("not run"),
-            cold_parts: Vec::new(),
+            parts: Vec::new(),
             warm: Outcome::skipped("no warm pool in this tool"),
             exec: Outcome::skipped("not run"),
             sustained: Outcome::skipped("not run"),
@@ -156,8 +190,19 @@ mod tests {
         }
         let s = Sustained { clients: 2, elapsed: Duration::from_secs(3), cycles };
         assert!((s.per_second() - 10.0).abs() < 1e-9);
-        let idle = IdleMemory { started: 4, mem_available_drop_bytes: 4096, cgroup_bytes: Some(2048), ..Default::default() };
+        let snap = |available, kernel_pinned| MemSnapshot { available, kernel_pinned };
+        let idle = IdleMemory {
+            started: 4,
+            before: snap(10_000, 100),
+            during: snap(5_904, 500),
+            after: snap(9_000, 100),
+            cgroup_bytes: Some(2048),
+            ..Default::default()
+        };
         assert_eq!(idle.per_sandbox_drop(), Some(1024.0));
+        assert_eq!(idle.per_sandbox_drop_vs_after(), Some(774.0));
+        assert_eq!(idle.per_sandbox_kernel_pinned(), Some(100.0));
+        assert_eq!(idle.not_returned_bytes(), 1000);
         assert_eq!(idle.per_sandbox_cgroup(), Some(512.0));
         assert_eq!(IdleMemory::default().per_sandbox_drop(), None);
     }

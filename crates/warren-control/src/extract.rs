@@ -16,11 +16,14 @@ fn named<E: std::fmt::Display>(path: String, inner: E) -> ApiError {
     let message = inner.to_string();
     // serde reports an unknown field with the name only in its message.
     let quoted = |marker: &str| message.split_once(marker).and_then(|(_, rest)| rest.split_once('`')).map(|(n, _)| n);
-    let field = match quoted("unknown field `").or_else(|| quoted("missing field `")) {
-        Some(name) if path == "." || path.is_empty() => name.to_string(),
-        Some(name) => format!("{path}.{name}"),
-        None if path == "." => String::new(),
-        None => path,
+    let field = match (quoted("unknown field `"), quoted("missing field `")) {
+        // For an unknown field the path already ends with its name.
+        (Some(name), _) if path == "." || path.is_empty() => name.to_string(),
+        (Some(_), _) => path,
+        (None, Some(name)) if path == "." || path.is_empty() => name.to_string(),
+        (None, Some(name)) => format!("{path}.{name}"),
+        (None, None) if path == "." => String::new(),
+        (None, None) => path,
     };
     match field.is_empty() {
         true => ApiError::new(warren_api::ErrorCode::InvalidRequest, message),
@@ -66,6 +69,9 @@ mod tests {
     fn parse_errors_name_the_field() {
         let e = serde_json::from_str::<warren_api::CreateSandboxRequest>(r#"{"colour": 1}"#).unwrap_err();
         assert_eq!(named(".".into(), e).field.as_deref(), Some("colour"));
+        let de = &mut serde_json::Deserializer::from_str(r#"{"bogus": 1}"#);
+        let e = serde_path_to_error::deserialize::<_, warren_api::CreateSandboxRequest>(de).unwrap_err();
+        assert_eq!(named(e.path().to_string(), e.into_inner()).field.as_deref(), Some("bogus"));
         let de = &mut serde_json::Deserializer::from_str(r#"{"cpus": "many"}"#);
         let e = serde_path_to_error::deserialize::<_, warren_api::CreateSandboxRequest>(de).unwrap_err();
         assert_eq!(named(e.path().to_string(), e.into_inner()).field.as_deref(), Some("cpus"));

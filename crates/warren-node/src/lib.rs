@@ -244,7 +244,16 @@ impl Node {
             }
         }
 
-        let admitted = AdmissionTicket::take(self)?;
+        let admitted = match AdmissionTicket::take(self) {
+            Ok(t) => t,
+            Err(e) => {
+                if let Some(key) = &req.idempotency_key {
+                    // Nothing was made: a retry with this key must be free to try again.
+                    let _ = self.store().delete(Table::Idempotency, key);
+                }
+                return Err(e);
+            }
+        };
         let now = now_ms();
         let mut rec = SandboxRecord {
             info: SandboxInfo {
@@ -331,9 +340,13 @@ impl Node {
     async fn wait_created(&self, id: &str) -> Result<SandboxInfo> {
         let deadline = Instant::now() + CREATE_DEADLINE + Duration::from_secs(5);
         loop {
-            let info = self.get(id)?;
-            if info.state != SandboxState::Creating || Instant::now() > deadline {
-                return Ok(info);
+            // The first call stores its claim before its record: not found yet means not made yet.
+            match self.get(id) {
+                Ok(info) if info.state != SandboxState::Creating => return Ok(info),
+                Ok(info) if Instant::now() > deadline => return Ok(info),
+                Err(e) if Instant::now() > deadline => return Err(e),
+                Ok(_) | Err(NodeError::NotFound(_)) => {}
+                Err(e) => return Err(e),
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -490,8 +503,9 @@ impl Node {
                 session.commands_run += 1;
                 let _ = node.store().put_json(Table::Sessions, &format!("{}/{}", live.id, session.id), &*session);
             }
-            live.running_execs.fetch_sub(1, Ordering::SeqCst);
+            // Touch first: the reaper must never see "no exec running" with a stale activity time.
             live.touch();
+            live.running_execs.fetch_sub(1, Ordering::SeqCst);
             node.persist_exec(&live.id, &driving);
             // Finished execs are served from the store; memory holds only running ones.
             live.execs.lock().unwrap_or_else(|p| p.into_inner()).remove(&driving.id);

@@ -110,7 +110,10 @@ pub(crate) async fn start_exec(sock: &Path, spec: ExecSpec, cgroup: SandboxCgrou
     Ok(ExecProcess { events, control })
 }
 
-/// Tells whether an exec's SIGKILL came from the out-of-memory killer.
+/// Tells whether the out-of-memory killer struck while the exec ran. Any
+/// process of the tree counts (a shell's child killed by OOM makes the shell
+/// exit 137, not die of SIGKILL); an OOM kill in a concurrent exec of the same
+/// sandbox is attributed to both - the memory cgroup is per sandbox.
 struct OomWatch {
     cgroup: SandboxCgroup,
     oom_kills_before: u64,
@@ -118,8 +121,7 @@ struct OomWatch {
 
 impl OomWatch {
     fn exit_info(&self, exited: proto::Exited) -> ExitInfo {
-        let oom = exited.signal == Some(libc::SIGKILL)
-            && self.cgroup.oom_kills().is_ok_and(|now| now > self.oom_kills_before);
+        let oom = self.cgroup.oom_kills().is_ok_and(|now| now > self.oom_kills_before);
         ExitInfo {
             exit_code: exited.exit_code,
             signal: exited.signal,
