@@ -187,7 +187,8 @@ pub fn sweep_stale(mount_ns_runner: impl Fn(&str) -> Command) -> Vec<String> {
         let listed = mount_ns_runner(runtime).args(["list", "-q"]).output();
         let ids = listed.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
         for id in ids.lines().map(str::trim).filter(|id| id.starts_with("wb") && stale(id)) {
-            let ok = mount_ns_runner(runtime).args(["delete", "--force", id]).output().is_ok_and(|o| o.status.success());
+            let ok =
+                mount_ns_runner(runtime).args(["delete", "--force", id]).output().is_ok_and(|o| o.status.success());
             done.push(format!("{runtime} delete --force {id}: {}", if ok { "ok" } else { "failed" }));
         }
     }
@@ -202,7 +203,10 @@ pub fn sweep_stale(mount_ns_runner: impl Fn(&str) -> Command) -> Vec<String> {
     }
     for name in names {
         let errors = remove_named_cgroups(&name);
-        done.push(format!("cgroups {name}: {}", if errors.is_empty() { "removed".into() } else { errors[0].to_string() }));
+        done.push(format!(
+            "cgroups {name}: {}",
+            if errors.is_empty() { "removed".into() } else { errors[0].to_string() }
+        ));
     }
     let tmp = std::env::temp_dir();
     for entry in fs::read_dir(&tmp).into_iter().flatten().flatten() {

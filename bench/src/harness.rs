@@ -33,7 +33,10 @@ fn hopeless(l: &Latencies) -> bool {
 
 fn give_up(l: &Latencies) -> BenchError {
     let first = l.failures.examples.keys().next().cloned().unwrap_or_default();
-    BenchError::Unexpected { op: "every attempt".into(), detail: format!("{} failures, e.g. {first}", l.failures.count) }
+    BenchError::Unexpected {
+        op: "every attempt".into(),
+        detail: format!("{} failures, e.g. {first}", l.failures.count),
+    }
 }
 
 /// `warmup` unrecorded calls, then `n` recorded ones, one after another.
@@ -136,8 +139,14 @@ pub fn idle<T: IdleHolder>(plan: &Plan, holder: &T) -> Result<Measured<IdleMemor
     let started_at = Instant::now();
     let (handles, start_failures) = start_all(holder, &mut workers, plan.idle);
     let start_wall = started_at.elapsed();
-    let mut m =
-        IdleMemory { requested: plan.idle, started: handles.len(), start_failures, start_wall, before, ..Default::default() };
+    let mut m = IdleMemory {
+        requested: plan.idle,
+        started: handles.len(),
+        start_failures,
+        start_wall,
+        before,
+        ..Default::default()
+    };
 
     // Whatever happens here, the handles are stopped below (or by their Drop).
     let measured = measure_idle(plan, holder, &handles, &mut m);
@@ -180,12 +189,7 @@ fn start_all<T: IdleHolder>(holder: &T, workers: &mut [T::Worker], n: usize) -> 
     (handles.into_inner().unwrap_or_else(|p| p.into_inner()), failures.into_inner().unwrap_or_else(|p| p.into_inner()))
 }
 
-fn measure_idle<T: IdleHolder>(
-    plan: &Plan,
-    holder: &T,
-    handles: &[T::Handle],
-    m: &mut IdleMemory,
-) -> Result<()> {
+fn measure_idle<T: IdleHolder>(plan: &Plan, holder: &T, handles: &[T::Handle], m: &mut IdleMemory) -> Result<()> {
     check_interrupt()?;
     if handles.is_empty() {
         return Ok(());

@@ -26,7 +26,8 @@ pub fn machine() -> Machine {
         .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string()))
         .unwrap_or_else(|| "unknown".into());
     let nproc = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").map_or_else(|_| "unknown".into(), |s| s.trim().into());
+    let kernel =
+        fs::read_to_string("/proc/sys/kernel/osrelease").map_or_else(|_| "unknown".into(), |s| s.trim().into());
     let meminfo = fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let mem_total_bytes = meminfo_bytes(&meminfo, "MemTotal").unwrap_or(0);
     Machine { cpu_model, nproc, kernel, mem_total_bytes }

@@ -171,7 +171,10 @@ fn now_utc() -> (String, String) {
 
 fn warren_missing(binary: &std::path::Path) -> Contender {
     let mut c = Contender::new("Warren", "not built");
-    c.cold = Outcome::Failed(format!("{} not found; build it with `cargo build --release -p warren -p warren-init`", binary.display()));
+    c.cold = Outcome::Failed(format!(
+        "{} not found; build it with `cargo build --release -p warren -p warren-init`",
+        binary.display()
+    ));
     c
 }
 

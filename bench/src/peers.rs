@@ -136,7 +136,10 @@ fn wait_for_sleepers(cgroup: &Path, n: usize) -> Result<()> {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(BenchError::Timeout { what: format!("{n} idle sandboxes (have {sleeping})"), limit: READY_LIMIT });
+            return Err(BenchError::Timeout {
+                what: format!("{n} idle sandboxes (have {sleeping})"),
+                limit: READY_LIMIT,
+            });
         }
         harness::check_interrupt()?;
         std::thread::sleep(Duration::from_millis(50));
@@ -208,7 +211,10 @@ impl PrivateMountNs {
         // `cat` runs only after the umount, so its name marks the namespace as ready.
         while fs::read_to_string(format!("/proc/{pid}/comm")).map_or(true, |c| c.trim() != "cat") {
             if Instant::now() > deadline {
-                return Err(BenchError::Timeout { what: "private mount namespace".into(), limit: Duration::from_secs(10) });
+                return Err(BenchError::Timeout {
+                    what: "private mount namespace".into(),
+                    limit: Duration::from_secs(10),
+                });
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -290,10 +296,13 @@ impl Oci {
         let id = self.new_id();
         let pid_file = self.pid_dir.join(&id);
         let started = Instant::now();
-        cmd::run(self.command().args(["create", "--bundle"]).arg(&self.oneshot).arg("--pid-file").arg(&pid_file).arg(&id))?;
+        cmd::run(
+            self.command().args(["create", "--bundle"]).arg(&self.oneshot).arg("--pid-file").arg(&pid_file).arg(&id),
+        )?;
         let container = Container { oci: self, id, deleted: false };
         let pid = read_pid(&pid_file)?;
-        let exited = pidfd_open(pid, PidfdFlags::empty()).map_err(|e| BenchError::io("pidfd_open", "container", e.into()))?;
+        let exited =
+            pidfd_open(pid, PidfdFlags::empty()).map_err(|e| BenchError::io("pidfd_open", "container", e.into()))?;
         cmd::run(self.command().arg("start").arg(&container.id))?;
         wait_fd_readable(&exited, cmd::TOOL_LIMIT)?;
         container.delete()?;
@@ -306,7 +315,14 @@ impl Oci {
     pub fn start_sleeper(&self) -> Result<(Container<'_>, u32)> {
         let id = self.new_id();
         let pid_file = self.pid_dir.join(&id);
-        cmd::run(self.command().args(["run", "--detach", "--bundle"]).arg(&self.sleeper).arg("--pid-file").arg(&pid_file).arg(&id))?;
+        cmd::run(
+            self.command()
+                .args(["run", "--detach", "--bundle"])
+                .arg(&self.sleeper)
+                .arg("--pid-file")
+                .arg(&pid_file)
+                .arg(&id),
+        )?;
         let container = Container { oci: self, id, deleted: false };
         let pid = read_pid(&pid_file)?;
         let _ = fs::remove_file(&pid_file);
@@ -407,7 +423,10 @@ impl<'a> IdleHolder for OciIdle<'a> {
         for (c, pid) in handles {
             while fs::read_to_string(format!("/proc/{pid}/comm")).map_or(true, |comm| comm.trim() != "sleep") {
                 if Instant::now() > deadline {
-                    return Err(BenchError::Timeout { what: format!("container {} to run sleep", c.id), limit: READY_LIMIT });
+                    return Err(BenchError::Timeout {
+                        what: format!("container {} to run sleep", c.id),
+                        limit: READY_LIMIT,
+                    });
                 }
                 harness::check_interrupt()?;
                 std::thread::sleep(Duration::from_millis(20));
@@ -448,7 +467,11 @@ pub fn bench_oci(runtime: Runtime, plan: &Plan, workdir: &Path, rootfs: &Path) -
     crate::progress(&format!("{name}: cold"));
     c.cold = settle(harness::sequential(plan.warmup, plan.samples, || oci.run_once()))?;
     let split = settle(harness::sequential(plan.warmup, plan.samples, || oci.create_start_delete()))?;
-    c.parts.push(Part { name: format!("cold, split: `{name} create` + `start` + wait + `delete`"), latencies: split, own_cpu: true });
+    c.parts.push(Part {
+        name: format!("cold, split: `{name} create` + `start` + wait + `delete`"),
+        latencies: split,
+        own_cpu: true,
+    });
     crate::progress(&format!("{name}: exec"));
     c.exec = settle(measure_exec(&oci, plan))?;
     crate::progress(&format!("{name}: sustained"));
@@ -476,7 +499,10 @@ fn describe_oci(c: &mut Contender, oci: &Oci) {
     c.commands.push(("cold".into(), format!("{name} run --bundle {} <id>{ns}", b(&oci.oneshot))));
     c.commands.push((
         "cold, split".into(),
-        format!("{name} create --bundle {} --pid-file F <id>; {name} start <id>; (pidfd wait); {name} delete --force <id>", b(&oci.oneshot)),
+        format!(
+            "{name} create --bundle {} --pid-file F <id>; {name} start <id>; (pidfd wait); {name} delete --force <id>",
+            b(&oci.oneshot)
+        ),
     ));
     c.commands.push(("exec".into(), format!("{name} exec <id> true (in a `sleep 1d` container)")));
     c.commands.push(("idle".into(), format!("{name} run --detach --bundle {} --pid-file F <id>", b(&oci.sleeper))));
@@ -526,7 +552,8 @@ mod tests {
         oci.exec(&target).unwrap();
         target.delete().unwrap();
         // Outside the namespace crun refuses this hybrid host, which is why the namespace exists.
-        let outside = Command::new("crun").args(["run", "--bundle"]).arg(&oci.oneshot).arg(oci.new_id()).output().unwrap();
+        let outside =
+            Command::new("crun").args(["run", "--bundle"]).arg(&oci.oneshot).arg(oci.new_id()).output().unwrap();
         assert!(!outside.status.success());
     }
 }

@@ -171,9 +171,7 @@ fn side_by_side(out: &mut String, run: &Run<'_>) {
         ("exec round trip p99", |c| lat(&c.exec)?.p99().map(stats::ms)),
         ("sustained creations/s", |c| c.sustained.done().map(|m| format!("{:.1}", m.value.per_second()))),
         ("sustained errors", |c| c.sustained.done().map(|m| m.value.cycles.failures.count.to_string())),
-        ("host memory per idle sandbox (MemAvailable)", |c| {
-            c.idle.done()?.value.per_sandbox_drop().map(stats::bytes)
-        }),
+        ("host memory per idle sandbox (MemAvailable)", |c| c.idle.done()?.value.per_sandbox_drop().map(stats::bytes)),
         ("memory cgroup per idle sandbox", |c| c.idle.done()?.value.per_sandbox_cgroup().map(stats::bytes)),
     ];
     for (label, cell) in rows {
@@ -193,12 +191,19 @@ type Figure = fn(&Contender) -> Option<f64>;
 fn ratios(out: &mut String, run: &Run<'_>) {
     let Some(w) = warren(run) else { return };
     let peers: Vec<&Contender> = run.contenders.iter().filter(|c| c.name != "Warren").collect();
+    if peers.is_empty() {
+        return;
+    }
     let names: Vec<&str> = peers.iter().map(|c| c.name.as_str()).collect();
     let _ = writeln!(
         out,
         "## Ratios (Warren / peer)\n\nFor times and memory below 1 favours Warren; for the rate above 1 does.\n"
     );
-    let _ = writeln!(out, "| measure | {} |", names.iter().map(|n| format!("Warren / {n}")).collect::<Vec<_>>().join(" | "));
+    let _ = writeln!(
+        out,
+        "| measure | {} |",
+        names.iter().map(|n| format!("Warren / {n}")).collect::<Vec<_>>().join(" | ")
+    );
     let _ = writeln!(out, "|---|{}", "---|".repeat(names.len()));
     let rows: [(&str, Figure); 6] = [
         ("cold p50", |c| secs(lat(&c.cold)?.p50())),
@@ -226,14 +231,21 @@ fn details(out: &mut String, c: &Contender, nproc: usize) {
     for (what, command) in &c.commands {
         let _ = writeln!(out, "- {what}: `{command}`");
     }
-    let _ = writeln!(out, "\n| measure | n | p50 | p99 | mean | max | failures | host CPU per op | CPUs busy | what limits it |");
+    let _ = writeln!(
+        out,
+        "\n| measure | n | p50 | p99 | mean | max | failures | host CPU per op | CPUs busy | what limits it |"
+    );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
-    latency_row(out, "cold create+exec+destroy", &c.cold, nproc);
-    for (name, o) in &c.cold_parts {
-        latency_row(out, name, o, nproc);
+    for (measure, name, outcome) in [
+        ("cold", "cold create+exec+destroy", &c.cold),
+        ("warm", "warm claim+exec", &c.warm),
+        ("exec", "exec round trip", &c.exec),
+    ] {
+        latency_row(out, name, outcome, nproc, true);
+        for part in c.parts.iter().filter(|p| p.name.starts_with(measure)) {
+            latency_row(out, &format!("- {}", part.name), &part.latencies, nproc, part.own_cpu);
+        }
     }
-    latency_row(out, "warm claim+exec", &c.warm, nproc);
-    latency_row(out, "exec round trip", &c.exec, nproc);
     sustained_row(out, &c.sustained, nproc);
     out.push('\n');
     idle_section(out, &c.idle, nproc);
@@ -251,25 +263,28 @@ fn not_done<T>(o: &Outcome<T>) -> Option<String> {
     }
 }
 
-fn latency_row(out: &mut String, name: &str, o: &Outcome<Latencies>, nproc: usize) {
+/// One latency measure; `own_cpu` is false for a step, which has no CPU figure of its own.
+fn latency_row(out: &mut String, name: &str, o: &Outcome<Latencies>, nproc: usize, own_cpu: bool) {
     if let Some(why) = not_done(o) {
         let _ = writeln!(out, "| {name} | | | | | | | | | {why} |");
         return;
     }
     let Some(Measured { value: l, cpu }) = o.done() else { return };
     let per_op = cpu.per_op(l.len() + l.failures.count as usize);
+    let (per_op, busy, limit) = if own_cpu {
+        (stats::opt_ms(per_op), format!("{:.0}%", cpu.percent_of_host(nproc)), latency_limit(l, cpu, nproc))
+    } else {
+        ("-".into(), "-".into(), String::new())
+    };
     let _ = writeln!(
         out,
-        "| {name} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {} |",
+        "| {name} | {} | {} | {} | {} | {} | {} | {per_op} | {busy} | {limit} |",
         l.len(),
         stats::opt_ms(l.p50()),
         stats::opt_ms(l.p99()),
         stats::opt_ms(l.mean()),
         stats::opt_ms(l.max()),
         l.failures.summary(),
-        stats::opt_ms(per_op),
-        cpu.percent_of_host(nproc),
-        latency_limit(l, cpu, nproc)
     );
 }
 
@@ -304,7 +319,11 @@ fn sustained_row(out: &mut String, o: &Outcome<Sustained>, nproc: usize) {
     let limit = if busy >= 90.0 {
         format!("CPU: {busy:.0}% of {nproc} CPUs busy at {:.1}/s with {} clients", s.per_second(), s.clients)
     } else {
-        format!("not CPU ({busy:.0}% busy) at {:.1}/s with {} clients: serialisation or waiting", s.per_second(), s.clients)
+        format!(
+            "not CPU ({busy:.0}% busy) at {:.1}/s with {} clients: serialisation or waiting",
+            s.per_second(),
+            s.clients
+        )
     };
     let l = &s.cycles;
     let _ = writeln!(
@@ -338,12 +357,19 @@ fn idle_section(out: &mut String, o: &Outcome<IdleMemory>, nproc: usize) {
         m.stop_wall.as_secs_f64(),
         m.stop_failures.summary()
     );
+    let per = |v: Option<f64>| v.map_or("-".into(), stats::bytes);
     let _ = writeln!(
         out,
-        "- MemAvailable dropped {} in all, {} per sandbox; {} had not come back after teardown",
-        stats::bytes(m.mem_available_drop_bytes as f64),
-        m.per_sandbox_drop().map_or("-".into(), stats::bytes),
-        stats::bytes(m.not_returned_bytes as f64)
+        "- MemAvailable: {} per sandbox against the level before they started; {} against the level after \
+         teardown ({} of the drop had not come back then: drift from other processes, or memory not returned)",
+        per(m.per_sandbox_drop()),
+        per(m.per_sandbox_drop_vs_after()),
+        stats::bytes(m.not_returned_bytes() as f64)
+    );
+    let _ = writeln!(
+        out,
+        "- kernel memory pinned (SUnreclaim + KernelStack + PageTables + Percpu) grew {} per sandbox",
+        per(m.per_sandbox_kernel_pinned())
     );
     let _ = writeln!(
         out,
@@ -380,7 +406,10 @@ mod tests {
     use std::path::PathBuf;
 
     fn measured<T>(value: T) -> Outcome<T> {
-        Outcome::Done(Measured { value, cpu: CpuUse { busy: Duration::from_millis(100), wall: Duration::from_secs(1) } })
+        Outcome::Done(Measured {
+            value,
+            cpu: CpuUse { busy: Duration::from_millis(100), wall: Duration::from_secs(1) },
+        })
     }
 
     fn lat_ms(v: &[u64]) -> Latencies {
@@ -392,8 +421,10 @@ mod tests {
     }
 
     fn sample_run(warren_cold: u64) -> String {
-        let machine = Machine { cpu_model: "Test CPU".into(), nproc: 2, kernel: "6.18".into(), mem_total_bytes: 1 << 34 };
-        let rootfs = Rootfs { dir: PathBuf::from("/tmp/r"), busybox_version: "BusyBox v1".into(), files: 400, bytes: 2_000_000 };
+        let machine =
+            Machine { cpu_model: "Test CPU".into(), nproc: 2, kernel: "6.18".into(), mem_total_bytes: 1 << 34 };
+        let rootfs =
+            Rootfs { dir: PathBuf::from("/tmp/r"), busybox_version: "BusyBox v1".into(), files: 400, bytes: 2_000_000 };
         let plan = Plan {
             samples: 3,
             warmup: 1,
@@ -413,7 +444,7 @@ mod tests {
         w.idle = measured(IdleMemory {
             requested: 10,
             started: 10,
-            mem_available_drop_bytes: 10 * 512 * 1024,
+            before: crate::host::MemSnapshot { available: 10 * 512 * 1024, kernel_pinned: 0 },
             cgroup_bytes: Some(10 * 256 * 1024),
             ..Default::default()
         });
@@ -437,7 +468,10 @@ mod tests {
     #[test]
     fn targets_say_met_and_not_met_from_the_figures() {
         let text = sample_run(4);
-        assert!(text.contains("| cold create+exec+destroy p50 <= bwrap's | Warren 4.00 ms vs bwrap 5.00 ms | **met** |"), "{text}");
+        assert!(
+            text.contains("| cold create+exec+destroy p50 <= bwrap's | Warren 4.00 ms vs bwrap 5.00 ms | **met** |"),
+            "{text}"
+        );
         assert!(text.contains("| warm claim+exec p50 <= 2 ms | 1.00 ms | **met** |"));
         assert!(text.contains("| exec round trip p50 <= 1 ms | - | not measured |"));
         assert!(text.contains("| >= 300 creations/s sustained | 400.0/s | **met** |"));

@@ -15,8 +15,9 @@ use crate::cmd;
 use crate::error::{BenchError, Result};
 use crate::harness::{self, IdleHolder, IdleUsage};
 use crate::host;
+use crate::host::CpuUse;
 use crate::peers::settle;
-use crate::results::{Contender, Outcome, Plan};
+use crate::results::{Contender, Measured, Outcome, Part, Plan};
 use crate::stats::{self, Latencies};
 
 pub const IMAGE: &str = "bench";
@@ -68,10 +69,13 @@ impl Server {
         let log_file = fs::File::create(log).map_err(|e| BenchError::io("create", log, e))?;
         let log_err = log_file.try_clone().map_err(|e| BenchError::io("dup", log, e))?;
         let mut c = Command::new(binary);
-        c.arg("serve")
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(["--listen", "127.0.0.1:0", "--instance", instance, "--destroy-on-exit"]);
+        c.arg("serve").arg("--data-dir").arg(data_dir).args([
+            "--listen",
+            "127.0.0.1:0",
+            "--instance",
+            instance,
+            "--destroy-on-exit",
+        ]);
         for p in pools {
             c.arg("--pool").arg(p);
         }
@@ -195,7 +199,8 @@ impl Client {
 
     /// `?wait=true` exec of `/bin/true`; anything but a clean exit 0 is an error.
     pub fn exec_true(&self, id: &str) -> Result<ExecResult> {
-        let rb = self.req(Method::POST, &format!("/v1/sandboxes/{id}/exec")).query(&[("wait", "true")]).json(&exec_true());
+        let rb =
+            self.req(Method::POST, &format!("/v1/sandboxes/{id}/exec")).query(&[("wait", "true")]).json(&exec_true());
         let r: ExecResult = self.call("exec", rb)?;
         if r.status != ExecStatus::Ok || r.exit_code != Some(0) {
             return Err(BenchError::Unexpected {
@@ -218,8 +223,35 @@ impl Client {
 
 // ---- the measures -----------------------------------------------------------------
 
+/// Per-step times of the recorded cycles of one measure.
+#[derive(Default)]
+struct Steps {
+    create: Latencies,
+    exec: Latencies,
+    delete: Latencies,
+}
+
+impl Steps {
+    /// The steps as parts of `measure`; `create` names the first step.
+    fn into_parts(self, measure: &str, create: &str, measured: bool) -> Vec<Part> {
+        [(create, self.create), ("exec `true`", self.exec), ("delete (after the timed cycle)", self.delete)]
+            .into_iter()
+            .filter(|(_, lat)| !lat.is_empty() || !measured)
+            .map(|(step, lat)| Part {
+                name: format!("{measure} step: {step}"),
+                latencies: if measured {
+                    Outcome::Done(Measured { value: lat, cpu: CpuUse { busy: Duration::ZERO, wall: Duration::ZERO } })
+                } else {
+                    Outcome::skipped(format!("{measure} cycle failed"))
+                },
+                own_cpu: false,
+            })
+            .collect()
+    }
+}
+
 /// One cold cycle: create, exec `true`, delete, each step timed.
-fn cold_cycle(client: &Client, parts: &mut [Latencies; 3]) -> Result<Duration> {
+fn cold_cycle(client: &Client, steps: &mut Steps) -> Result<Duration> {
     let t0 = Instant::now();
     let sb = client.create(&sandbox_request())?;
     let t1 = Instant::now();
@@ -230,31 +262,24 @@ fn cold_cycle(client: &Client, parts: &mut [Latencies; 3]) -> Result<Duration> {
     let t3 = Instant::now();
     exec?;
     deleted?;
-    parts[0].push(t1 - t0);
-    parts[1].push(t2 - t1);
-    parts[2].push(t3 - t2);
+    steps.create.push(t1 - t0);
+    steps.exec.push(t2 - t1);
+    steps.delete.push(t3 - t2);
     Ok(t3 - t0)
 }
 
 fn measure_cold(c: &mut Contender, client: &Client, plan: &Plan) -> Result<()> {
-    let mut parts: [Latencies; 3] = Default::default();
     for _ in 0..plan.warmup {
         harness::check_interrupt()?;
-        cold_cycle(client, &mut Default::default())?;
+        cold_cycle(client, &mut Steps::default())?;
     }
-    c.cold = settle(harness::sequential(0, plan.samples, || cold_cycle(client, &mut parts)))?;
-    let [create, exec, delete] = parts;
-    for (name, lat) in [("create", create), ("exec `true`", exec), ("delete", delete)] {
-        let step = match c.cold.done() {
-            Some(m) => Outcome::Done(crate::results::Measured { value: lat, cpu: m.cpu }),
-            None => Outcome::skipped("cold cycle failed"),
-        };
-        c.cold_parts.push((format!("step: {name}"), step));
-    }
+    let mut steps = Steps::default();
+    c.cold = settle(harness::sequential(0, plan.samples, || cold_cycle(client, &mut steps)))?;
+    c.parts.extend(steps.into_parts("cold", "create", c.cold.done().is_some()));
     Ok(())
 }
 
-fn measure_exec(client: &Client, plan: &Plan) -> Result<crate::results::Measured<Latencies>> {
+fn measure_exec(client: &Client, plan: &Plan) -> Result<Measured<Latencies>> {
     let sb = client.create(&sandbox_request())?;
     let measured = harness::sequential(plan.warmup, plan.exec_samples, || {
         let t = Instant::now();
@@ -363,23 +388,29 @@ fn wait_for_pool(instance: &str, size: usize) -> Result<()> {
     Ok(())
 }
 
-/// Claim + exec, then delete (untimed) and wait `gap` so the pool refills
-/// the member just taken before the next sample.
-fn warm_cycle(client: &Client, gap: Duration, deletes: &mut Latencies) -> Result<Duration> {
+/// Claim + exec timed, then delete (timed apart) and wait `gap` so the
+/// pool replaces the member just taken before the next sample.
+fn warm_cycle(client: &Client, gap: Duration, steps: &mut Steps) -> Result<Duration> {
     let t0 = Instant::now();
     let sb = client.create(&sandbox_request())?;
-    let exec = client.exec_true(&sb.id);
-    let took = t0.elapsed();
     let t1 = Instant::now();
+    let exec = client.exec_true(&sb.id);
+    let t2 = Instant::now();
     let deleted = client.delete(&sb.id);
-    deletes.push(t1.elapsed());
+    let t3 = Instant::now();
     std::thread::sleep(gap);
     exec?;
     deleted?;
     if !sb.from_pool {
-        return Err(BenchError::Unexpected { op: "claim".into(), detail: "pool was empty: a cold create answered".into() });
+        return Err(BenchError::Unexpected {
+            op: "claim".into(),
+            detail: "pool was empty: a cold create answered".into(),
+        });
     }
-    Ok(took)
+    steps.create.push(t1 - t0);
+    steps.exec.push(t2 - t1);
+    steps.delete.push(t3 - t2);
+    Ok(t2 - t0)
 }
 
 pub struct WarrenSetup<'a> {
@@ -416,7 +447,7 @@ pub fn bench_warren(plan: &Plan, setup: &WarrenSetup<'_>) -> Result<Contender> {
 /// One claim every 3x the cold create time leaves the pool time to replace
 /// the member taken; the filler starts at once when woken by the claim.
 fn refill_gap(c: &Contender) -> Duration {
-    let create_p50 = c.cold_parts.iter().find(|(n, _)| n == "step: create").and_then(|(_, o)| o.done()?.value.p50());
+    let create_p50 = c.part("cold step: create").and_then(Latencies::p50);
     create_p50.map_or(Duration::from_millis(300), |d| (d * 3).max(Duration::from_millis(50)))
 }
 
@@ -471,14 +502,18 @@ fn phase_warm(
     // The last member counted may still be booting.
     std::thread::sleep(Duration::from_secs(1));
     let client = Client::new(&server.url)?;
-    let mut deletes = Latencies::default();
-    c.warm = settle(harness::sequential(plan.warmup, plan.samples, || warm_cycle(&client, gap, &mut deletes)))?;
+    for _ in 0..plan.warmup {
+        harness::check_interrupt()?;
+        warm_cycle(&client, gap, &mut Steps::default())?;
+    }
+    let mut steps = Steps::default();
+    c.warm = settle(harness::sequential(0, plan.samples, || warm_cycle(&client, gap, &mut steps)))?;
+    c.parts.extend(steps.into_parts("warm", "claim", c.warm.done().is_some()));
     c.notes.push(format!(
-        "warm pool: size {}, one claim every >= {} (3x cold create p50) so the member taken is replaced before the \
-         next claim; a claim answered by a cold create counts as a failure (pool empty). Delete after a claim: p50 {}",
+        "warm pool: size {}, one claim every >= {} (3x cold create p50, at least 50 ms) so the member taken is \
+         replaced before the next claim; a claim answered by a cold create counts as a failure (pool empty)",
         plan.pool_size,
         stats::ms(gap),
-        stats::opt_ms(deletes.p50())
     ));
     drop(server);
     Ok(())
@@ -531,7 +566,11 @@ mod tests {
         let mut lat = Latencies::default();
         lat.push(Duration::from_millis(40));
         let cpu = host::CpuUse { busy: Duration::ZERO, wall: Duration::ZERO };
-        c.cold_parts.push(("step: create".into(), Outcome::Done(crate::results::Measured { value: lat, cpu })));
+        c.parts.push(Part {
+            name: "cold step: create".into(),
+            latencies: Outcome::Done(Measured { value: lat, cpu }),
+            own_cpu: false,
+        });
         assert_eq!(refill_gap(&c), Duration::from_millis(120));
     }
 }

@@ -285,6 +285,10 @@ impl Driver for ContainerDriver {
         Ok(FsRoot { dir, uid: state.uid_base, gid: state.uid_base })
     }
 
+    async fn release(&self) -> Result<()> {
+        SandboxCgroup::remove_instance(&self.config.cgroup_instance).map_err(cgroup_err)
+    }
+
     async fn sweep(&self, keep: &[String]) -> Result<SweepReport> {
         let mut report = SweepReport::default();
         let mut first_error = None;

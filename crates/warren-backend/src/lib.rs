@@ -161,6 +161,12 @@ pub trait Driver: Send + Sync {
     /// Removes every sandbox resource (mounts, cgroups, processes, dirs) of
     /// this driver whose id is not in `keep`. Run at start-up.
     async fn sweep(&self, keep: &[String]) -> Result<SweepReport>;
+
+    /// Removes the driver's node-wide resources (such as its parent cgroup
+    /// directories) when no sandbox is left; a no-op while some still run.
+    async fn release(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// What a sweep removed, for logs and tests.

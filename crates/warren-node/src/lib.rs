@@ -774,6 +774,9 @@ impl Node {
             let _ = self.end(&id, reason, None).await;
         }
         self.inner.pools.drain(self.inner.container.as_ref()).await;
+        if let Err(e) = self.inner.container.release().await {
+            tracing::warn!("cannot release the container driver's node-wide resources: {e}");
+        }
     }
 }
 
