@@ -11,7 +11,12 @@
 //! Layers are handed out as read-only directories so the lazy EROFS format can
 //! replace this one behind the same interface.
 
+pub mod blob;
+pub mod cache;
+pub mod erofs;
 mod error;
+pub mod layer;
+pub mod oci;
 mod fsutil;
 mod manifest;
 mod name;
