@@ -37,6 +37,8 @@ pub struct TestServer {
     /// The per-test temp dir holding `rootfs/`, `data/` and `server.log`.
     pub dir: Option<TempDir>,
     child: Option<Child>,
+    /// Extra `warren serve` arguments, kept across restarts.
+    extra_args: Vec<String>,
 }
 
 fn warren_binary() -> PathBuf {
@@ -62,6 +64,11 @@ fn warren_binary() -> PathBuf {
 impl TestServer {
     /// Builds the rootfs, starts the server, imports the image.
     pub async fn start() -> TestServer {
+        Self::start_with(&[]).await
+    }
+
+    /// Like [`TestServer::start`], with extra `warren serve` arguments.
+    pub async fn start_with(extra_args: &[&str]) -> TestServer {
         let dir = tempfile::Builder::new().prefix("warren-test-").tempdir().expect("make a temp dir");
         // Like /var/lib: the sandbox's ids must be able to traverse to its root.
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod the temp dir");
@@ -74,6 +81,7 @@ impl TestServer {
             instance: format!("wt-{}-{n}", std::process::id()),
             dir: Some(dir),
             child: None,
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
         };
         server.launch().await;
         let rootfs = server.path().join("rootfs");
@@ -127,6 +135,7 @@ impl TestServer {
             .arg("--data-dir")
             .arg(&data_dir)
             .args(["--listen", "127.0.0.1:0", "--instance", &self.instance])
+            .args(&self.extra_args)
             .env("WARREN_LOG", std::env::var("WARREN_LOG").unwrap_or_else(|_| "info".into()))
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

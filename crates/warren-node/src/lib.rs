@@ -632,8 +632,8 @@ impl Node {
     /// Replacing an image removes its old layer directories, which running
     /// sandboxes still have mounted: refuse while any sandbox or pool uses it.
     fn check_image_unused(&self, name: &str) -> Result<()> {
-        let in_use = self.live_map().values().any(|l| l.record().info.image == name)
-            || self.inner.cfg.pools.iter().any(|p| p.image == name);
+        let in_use =
+            self.live_map().values().any(|l| l.record().info.image == name) || self.inner.pools.uses_image(name);
         match in_use {
             true => Err(NodeError::ImageInUse(name.to_string())),
             false => Ok(()),
@@ -767,15 +767,22 @@ impl Node {
         Ok(())
     }
 
-    /// Ends every live sandbox (used by tests and `serve --destroy-on-exit`).
-    pub async fn end_all(&self, reason: EndReason) {
-        let ids: Vec<String> = self.live_map().keys().cloned().collect();
-        for id in ids {
-            let _ = self.end(&id, reason, None).await;
+    /// Stops the node: destroys the idle warm-pool members (they are not
+    /// persisted, so no later start could re-adopt them) and, with
+    /// `end_sandboxes`, ends every live sandbox with `reason`; otherwise live
+    /// sandboxes keep running for the next start to re-adopt.
+    pub async fn shutdown(&self, end_sandboxes: Option<EndReason>) {
+        if let Some(reason) = end_sandboxes {
+            let ids: Vec<String> = self.live_map().keys().cloned().collect();
+            for id in ids {
+                let _ = self.end(&id, reason, None).await;
+            }
         }
         self.inner.pools.drain(self.inner.container.as_ref()).await;
-        if let Err(e) = self.inner.container.release().await {
-            tracing::warn!("cannot release the container driver's node-wide resources: {e}");
+        if self.sandboxes_running() == 0 {
+            if let Err(e) = self.inner.container.release().await {
+                tracing::warn!("cannot release the container driver's node-wide resources: {e}");
+            }
         }
     }
 }

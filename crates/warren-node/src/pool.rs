@@ -101,6 +101,11 @@ impl Pools {
         self.members().get_mut(key).and_then(VecDeque::pop_front)
     }
 
+    /// Whether an idle member was made from `image`.
+    pub fn uses_image(&self, image: &str) -> bool {
+        self.members().iter().any(|(key, members)| key.image == image && !members.is_empty())
+    }
+
     /// Destroys every idle member (shutdown of a test server).
     pub async fn drain(&self, driver: &dyn Driver) {
         let all: Vec<SandboxHandle> = self.members().drain().flat_map(|(_, v)| v).collect();

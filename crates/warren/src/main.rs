@@ -255,7 +255,7 @@ async fn cmd_run(
     let deleted = client.delete(&sandbox.id).await;
     if let Some(running) = embedded {
         let _ = running.stop.send(());
-        running.node.end_all(EndReason::Shutdown).await;
+        running.node.shutdown(Some(EndReason::Shutdown)).await;
     }
     let result = result?;
     deleted?;

@@ -134,9 +134,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     }
     tracing::info!("shutting down");
     let _ = running.stop.send(());
-    if args.destroy_on_exit {
-        running.node.end_all(warren_api::EndReason::Shutdown).await;
-    }
+    running.node.shutdown(args.destroy_on_exit.then_some(warren_api::EndReason::Shutdown)).await;
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), running.task).await;
     let _ = std::fs::remove_file(args.data_dir.join("server.url"));
     Ok(())
