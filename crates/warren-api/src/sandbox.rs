@@ -290,6 +290,34 @@ pub struct ImageList {
     pub images: Vec<ImageInfo>,
 }
 
+/// `POST /v1/sandboxes/{id}/pack` (`pack_diff`): the sandbox's writable layer
+/// becomes the top layer of a new image over the sandbox's own image layers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PackRequest {
+    /// Name of the new image (an existing image of that name is replaced,
+    /// unless sandboxes use it).
+    pub image: String,
+    /// Absolute paths removed from the new layer before it is published,
+    /// e.g. build leftovers that would leak answers.
+    #[serde(default)]
+    pub scrub: Vec<String>,
+}
+
+impl PackRequest {
+    pub fn validate(&self) -> Result<(), ApiError> {
+        if self.image.is_empty() || self.image.len() > 128 {
+            return Err(ApiError::invalid("image", "must be 1-128 characters"));
+        }
+        for (i, p) in self.scrub.iter().enumerate() {
+            if !p.starts_with('/') || p.contains('\0') || p == "/" {
+                return Err(ApiError::invalid(format!("scrub[{i}]"), "must be an absolute path other than /"));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `GET /v1/health`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Health {

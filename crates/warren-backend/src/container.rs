@@ -13,6 +13,7 @@
 
 mod channel;
 mod rootfs;
+mod snapshot;
 mod spawn;
 mod state;
 mod teardown;
@@ -283,6 +284,12 @@ impl Driver for ContainerDriver {
         let rootfs = self.layout(&handle.id).rootfs();
         let dir = open_dir_path(&rootfs)?;
         Ok(FsRoot { dir, uid: state.uid_base, gid: state.uid_base })
+    }
+
+    fn snapshot(&self, handle: &SandboxHandle, dest: &Path, scrub: &[String]) -> Result<()> {
+        let state = self.state(handle)?;
+        let cgroup = self.cgroup(&handle.id)?;
+        snapshot::snapshot(&self.layout(&handle.id), &cgroup, state.uid_base, dest, scrub)
     }
 
     async fn release(&self) -> Result<()> {

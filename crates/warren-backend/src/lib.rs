@@ -158,6 +158,17 @@ pub trait Driver: Send + Sync {
         Err(BackendError::Unsupported(self.backend().as_str(), "file access"))
     }
 
+    /// Copies the sandbox's writable layer into the empty directory `dest`
+    /// as a read-only layer for new sandboxes (`pack_diff`): ownership is
+    /// shifted back to the image's ids, overlay whiteouts and opaque
+    /// directories are kept so the layer stacks on the sandbox's own layers,
+    /// and the paths in `scrub` (absolute, inside the sandbox) are removed.
+    /// Blocking; the node calls it off the async runtime.
+    fn snapshot(&self, handle: &SandboxHandle, dest: &std::path::Path, scrub: &[String]) -> Result<()> {
+        let _ = (handle, dest, scrub);
+        Err(BackendError::Unsupported(self.backend().as_str(), "pack_diff"))
+    }
+
     /// Removes every sandbox resource (mounts, cgroups, processes, dirs) of
     /// this driver whose id is not in `keep`. Run at start-up.
     async fn sweep(&self, keep: &[String]) -> Result<SweepReport>;

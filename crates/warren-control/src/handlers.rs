@@ -129,6 +129,17 @@ pub async fn delete_sandbox(State(s): State<AppState>, Path(id): Path<String>) -
     Ok(Json(s.node.delete(&id).await?))
 }
 
+/// `pack_diff`: snapshot the sandbox's writable layer into a new image.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/pack", request_body = PackRequest, params(("id" = String, Path)),
+    responses((status = 201, body = ImageInfo), (status = 400, body = ApiError), (status = 404, body = ApiError), (status = 409, body = ApiError)))]
+pub async fn pack_sandbox(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<PackRequest>,
+) -> ApiResult<(StatusCode, Json<ImageInfo>)> {
+    Ok((StatusCode::CREATED, Json(s.node.pack(&id, req).await?)))
+}
+
 // ---- exec --------------------------------------------------------------------
 
 #[derive(Debug, Deserialize, IntoParams)]

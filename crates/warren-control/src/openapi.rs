@@ -15,6 +15,7 @@ use crate::{files, handlers};
         handlers::import_image_tar,
         handlers::create_sandbox,
         handlers::list_sandboxes,
+        handlers::pack_sandbox,
         handlers::get_sandbox,
         handlers::delete_sandbox,
         handlers::start_exec,

@@ -192,6 +192,13 @@ impl SandboxCgroup {
         self.wait_empty(deadline, timeout)
     }
 
+    /// Freezes every process of the sandbox until the returned guard drops,
+    /// so a snapshot sees one consistent moment of its files.
+    pub fn frozen(&self, timeout: Duration) -> Result<Frozen<'_>> {
+        let frozen = self.freeze(Instant::now() + timeout)?;
+        Ok(Frozen { cgroup: self, frozen })
+    }
+
     /// Returns false when there is no freezer directory (a half-made sandbox).
     fn freeze(&self, deadline: Instant) -> Result<bool> {
         let state = self.path("freezer").join("freezer.state");
@@ -335,6 +342,23 @@ fn read_file(path: &Path) -> Result<String> {
 fn read_u64(path: &Path) -> Result<u64> {
     let text = read_file(path)?;
     text.trim().parse().map_err(|_| CgroupError::Parse { path: path.to_path_buf(), content: text })
+}
+
+/// A frozen sandbox; dropping it thaws the sandbox again.
+pub struct Frozen<'a> {
+    cgroup: &'a SandboxCgroup,
+    frozen: bool,
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        if self.frozen {
+            if let Err(e) = self.cgroup.thaw() {
+                // Nothing better to do from a destructor than to say so loudly.
+                eprintln!("warren-guard: cannot thaw {}: {e}", self.cgroup.id());
+            }
+        }
+    }
 }
 
 #[cfg(test)]

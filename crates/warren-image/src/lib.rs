@@ -15,11 +15,11 @@ pub mod blob;
 pub mod cache;
 pub mod erofs;
 mod error;
-pub mod layer;
-pub mod oci;
 mod fsutil;
+pub mod layer;
 mod manifest;
 mod name;
+pub mod oci;
 mod store;
 mod tar;
 

@@ -125,6 +125,18 @@ impl ImageStore {
         self.publish(name, vec![layer])
     }
 
+    /// Makes image `name` from the layers of image `base` plus one new top
+    /// layer that `fill` writes into an empty directory. The base's layers
+    /// are shared, not copied.
+    pub fn extend(&self, name: &str, base: &str, fill: impl FnOnce(&Path) -> Result<()>) -> Result<Image> {
+        validate_name(name)?;
+        let base_ids = Manifest::load(&self.manifest_path(base), base)?.layers;
+        let (top_id, top) = self.build_layer(fill)?;
+        let mut ids = base_ids;
+        ids.push(top_id);
+        self.publish_ids(name, ids, vec![top])
+    }
+
     pub fn get(&self, name: &str) -> Result<Image> {
         validate_name(name)?;
         let manifest = Manifest::load(&self.manifest_path(name), name)?;
@@ -188,6 +200,11 @@ impl ImageStore {
     /// then removes the layers the old manifest used and nothing else does.
     fn publish(&self, name: &str, layers: Vec<(String, DirGuard)>) -> Result<Image> {
         let ids: Vec<String> = layers.iter().map(|(id, _)| id.clone()).collect();
+        self.publish_ids(name, ids, layers.into_iter().map(|(_, guard)| guard).collect())
+    }
+
+    /// Points `name` at the layer `ids`, of which the `fresh` ones were just built.
+    fn publish_ids(&self, name: &str, ids: Vec<String>, fresh: Vec<DirGuard>) -> Result<Image> {
         let manifest = Manifest::new(name, ids, now_ms());
         let _lock = self.lock_manifests()?;
         let path = self.manifest_path(name);
@@ -201,7 +218,7 @@ impl ImageStore {
         };
         let scratch = self.root.join("tmp").join(format!("{}.manifest", random_hex_id()?));
         write_atomically(&scratch, &path, &manifest.to_bytes()?)?;
-        for (_, guard) in layers {
+        for guard in fresh {
             guard.keep();
         }
         if let Some(old) = old {

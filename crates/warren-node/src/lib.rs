@@ -623,6 +623,34 @@ impl Node {
         Ok(())
     }
 
+    /// `pack_diff`: a new image = the sandbox's image layers + its writable
+    /// layer (scrubbed), usable at once by new sandboxes.
+    pub async fn pack(&self, id: &str, req: warren_api::PackRequest) -> Result<ImageInfo> {
+        req.validate().map_err(NodeError::Invalid)?;
+        let live = self.live(id)?;
+        live.touch();
+        self.check_image_unused(&req.image)?;
+        let base = live.record().info.image.clone();
+        let images = Arc::clone(&self.inner.images);
+        let img = tokio::task::spawn_blocking(move || {
+            let mut backend_error = None;
+            let made = images.extend(&req.image, &base, |dst| {
+                live.driver.snapshot(&live.handle, dst, &req.scrub).map_err(|e| {
+                    let message = e.to_string();
+                    backend_error = Some(e);
+                    ImageError::Tar(message)
+                })
+            });
+            match (made, backend_error) {
+                (Err(_), Some(e)) => Err(NodeError::Backend(e)),
+                (made, _) => Ok(made?),
+            }
+        })
+        .await
+        .map_err(|e| NodeError::Internal(e.to_string()))??;
+        Ok(records::image_info(img))
+    }
+
     // ---- images ----------------------------------------------------------
 
     pub fn images(&self) -> Result<Vec<ImageInfo>> {

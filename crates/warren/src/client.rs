@@ -66,6 +66,10 @@ impl Client {
         self.json(self.req(Method::DELETE, &format!("/v1/sandboxes/{id}"))).await
     }
 
+    pub async fn pack(&self, id: &str, req: &PackRequest) -> Result<ImageInfo> {
+        self.json(self.req(Method::POST, &format!("/v1/sandboxes/{id}/pack")).json(req)).await
+    }
+
     /// Runs an exec, handing each output chunk to `on_output` as it arrives.
     pub async fn exec_streaming(
         &self,

@@ -143,6 +143,14 @@ enum SandboxCmd {
     Rm {
         ids: Vec<String>,
     },
+    /// Snapshot the sandbox's writable layer into a new image (`pack_diff`).
+    Pack {
+        id: String,
+        image: String,
+        /// Absolute path to remove from the snapshot (repeatable).
+        #[arg(long)]
+        scrub: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -312,6 +320,12 @@ async fn real_main(cli: Cli) -> Result<i32> {
                     return Ok(exit_code_of(&r));
                 }
                 SandboxCmd::Shell { id } => cmd_shell(&client, id).await?,
+                SandboxCmd::Pack { id, image, scrub } => {
+                    let req = PackRequest { image: image.clone(), scrub: scrub.clone() };
+                    print(json, &client.pack(id, &req).await?, |i| {
+                        format!("packed into {} ({} layers)", i.name, i.layers.len())
+                    })
+                }
                 SandboxCmd::Rm { ids } => {
                     for id in ids {
                         print(json, &client.delete(id).await?, sandbox_line);
