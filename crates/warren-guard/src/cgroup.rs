@@ -27,7 +27,7 @@ pub const DEFAULT_ROOT: &str = "/sys/fs/cgroup";
 const CFS_PERIOD_US: u64 = 100_000;
 /// The kernel rejects quotas below 1 ms.
 const MIN_CFS_QUOTA_US: u64 = 1_000;
-const POLL_INTERVAL: Duration = Duration::from_millis(5);
+const POLL_INTERVAL: Duration = Duration::from_millis(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {

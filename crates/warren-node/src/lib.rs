@@ -490,12 +490,14 @@ impl Node {
         let entry = ExecEntry::new(new_id("ex"), session_id.map(str::to_string), cap);
         live.execs.lock().unwrap_or_else(|p| p.into_inner()).insert(entry.id.clone(), Arc::clone(&entry));
         live.running_execs.fetch_add(1, Ordering::SeqCst);
-        self.persist_exec(id, &entry);
         let timeout = Duration::from_secs_f64(req.timeout_secs.unwrap_or(warren_api::DEFAULT_EXEC_TIMEOUT_SECS));
         let deadline = Instant::now() + timeout;
         let node = self.clone();
         let driving = Arc::clone(&entry);
         tokio::spawn(async move {
+            // Recorded as running so that a restart can report it killed; off
+            // the request's path, since the record costs a durable commit.
+            node.persist_exec(&live.id, &driving);
             let exit = Arc::clone(&driving).drive(process, stdin, deadline).await;
             if let (Some(mut session), Some(state)) = (session, exit.and_then(|e| e.session_state)) {
                 session.cwd = state.cwd;

@@ -16,7 +16,7 @@ use crate::{BackendError, Result};
 
 /// How long the processes of one sandbox may take to die.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
-const POLL_INTERVAL: Duration = Duration::from_millis(5);
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
 /// What a sandbox may have left: processes (PID 1 and everything in its
 /// cgroup), mounts and files under its run directory, its cgroups.
@@ -33,13 +33,13 @@ impl Remains {
     pub(crate) fn remove(&self) -> Result<()> {
         if let Some(pid1) = self.pid1 {
             kill_if_same(pid1);
-        }
-        // A backstop for PID 1's namespace teardown, and the only killer
-        // when PID 1 is unknown.
-        self.cgroup.kill_all(KILL_TIMEOUT).map_err(cgroup_err)?;
-        if let Some(pid1) = self.pid1 {
+            // PID 1 finishes exiting only after every other process of its
+            // pid namespace is gone, so this usually empties the cgroup too.
             reap(pid1, Instant::now() + KILL_TIMEOUT)?;
         }
+        // A backstop for PID 1's namespace teardown, and the only killer
+        // when PID 1 is unknown or not our child.
+        self.cgroup.kill_all(KILL_TIMEOUT).map_err(cgroup_err)?;
         rootfs::unmount_all_under(self.layout.dir())?;
         self.cgroup.remove().map_err(cgroup_err)?;
         remove_dir(&self.layout)
@@ -77,14 +77,27 @@ fn reap(pid1: ProcessId, deadline: Instant) -> Result<()> {
             Ok(None) | Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(BackendError::io(format!("waitpid {}", pid1.pid), e.into())),
         }
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline {
             return Err(BackendError::io(
                 format!("PID 1 (host pid {}) still not dead after {KILL_TIMEOUT:?}", pid1.pid),
                 io::ErrorKind::TimedOut.into(),
             ));
         }
-        thread::sleep(POLL_INTERVAL);
+        wait_exit(pid, (deadline - now).min(POLL_INTERVAL));
     }
+}
+
+/// Sleeps until `pid` exits or `at_most` passes: a pidfd becomes readable at
+/// exit, so a dying sandbox is reaped at once instead of on the next tick.
+fn wait_exit(pid: Pid, at_most: Duration) {
+    let Ok(pidfd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) else {
+        thread::sleep(at_most.min(Duration::from_millis(1)));
+        return;
+    };
+    let mut fds = [rustix::event::PollFd::new(&pidfd, rustix::event::PollFlags::IN)];
+    let timeout = rustix::event::Timespec::try_from(at_most).ok();
+    let _ = rustix::event::poll(&mut fds, timeout.as_ref());
 }
 
 /// Removes the run directory, but never while a mount sits below it:
