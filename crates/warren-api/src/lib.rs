@@ -7,12 +7,14 @@
 //! Never: performs I/O or depends on any other Warren crate.
 
 pub mod error;
+pub mod events;
 pub mod exec;
 pub mod files;
 pub mod sandbox;
 pub mod session;
 
 pub use error::{ApiError, ErrorCode};
+pub use events::*;
 pub use exec::*;
 pub use files::*;
 pub use sandbox::*;

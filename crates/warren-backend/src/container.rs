@@ -38,7 +38,8 @@ use self::spawn::SetupChannel;
 use self::state::{HandleState, Layout, ProcessId, SlotBook};
 use self::teardown::{cgroup_err, Remains};
 use crate::{
-    BackendError, Driver, ExecProcess, ExecSpec, FsRoot, Liveness, Result, SandboxHandle, SandboxSpec, SweepReport,
+    BackendError, Driver, EventBatch, ExecProcess, ExecSpec, FsRoot, Liveness, Result, SandboxHandle, SandboxSpec,
+    SweepReport,
 };
 
 /// Nothing stays "creating" longer than this.
@@ -262,6 +263,11 @@ impl Driver for ContainerDriver {
         }
         let oom = self.cgroup(&handle.id).and_then(|cg| cg.oom_kills().map_err(cgroup_err)).is_ok_and(|n| n > 0);
         Liveness::Dead { oom }
+    }
+
+    async fn events(&self, handle: &SandboxHandle, after_seq: u64) -> Result<EventBatch> {
+        let _ = self.state(handle)?;
+        channel::events(&self.layout(&handle.id).ctl_sock(), after_seq).await
     }
 
     fn usage(&self, handle: &SandboxHandle) -> Result<Usage> {

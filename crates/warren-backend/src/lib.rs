@@ -19,7 +19,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use warren_api::{Backend, NetworkMode, Resources, Usage};
-pub use warren_init::proto::{ExecSpec, SessionState};
+pub use warren_init::proto::{ExecSpec, SecurityEvent, SecurityEventKind, SessionState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -152,6 +152,12 @@ pub trait Driver: Send + Sync {
 
     fn usage(&self, handle: &SandboxHandle) -> Result<Usage>;
 
+    /// Security events recorded in the sandbox after sequence number `after_seq`.
+    async fn events(&self, handle: &SandboxHandle, after_seq: u64) -> Result<EventBatch> {
+        let _ = (handle, after_seq);
+        Err(BackendError::Unsupported(self.backend().as_str(), "security events"))
+    }
+
     /// The root to resolve file API paths in.
     fn fs_root(&self, handle: &SandboxHandle) -> Result<FsRoot> {
         let _ = handle;
@@ -178,6 +184,15 @@ pub trait Driver: Send + Sync {
     async fn release(&self) -> Result<()> {
         Ok(())
     }
+}
+
+/// A batch of security events; `dropped` counts events lost to the bounded
+/// ring since `after_seq`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EventBatch {
+    pub events: Vec<SecurityEvent>,
+    pub dropped: u64,
+    pub next_seq: u64,
 }
 
 /// What a sweep removed, for logs and tests.

@@ -213,6 +213,17 @@ pub async fn kill_exec(
     Ok((StatusCode::ACCEPTED, Json(s.node.kill_exec(&id, &exec_id)?)))
 }
 
+/// Security events: what the sandbox tried that the platform refused.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/events", params(("id" = String, Path), ("after_seq" = Option<u64>, Query)),
+    responses((status = 200, body = SecurityEventList), (status = 404, body = ApiError), (status = 410, body = ApiError)))]
+pub async fn list_events(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<EventsQuery>,
+) -> ApiResult<Json<SecurityEventList>> {
+    Ok(Json(s.node.events(&id, q.after_seq).await?))
+}
+
 // ---- sessions ------------------------------------------------------------------
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/sessions", request_body = CreateSessionRequest, params(("id" = String, Path)),

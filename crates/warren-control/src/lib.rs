@@ -36,6 +36,7 @@ pub fn router(node: Node) -> Router {
         .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
         .route("/v1/sandboxes/{id}", get(get_sandbox).delete(delete_sandbox))
         .route("/v1/sandboxes/{id}/pack", post(pack_sandbox))
+        .route("/v1/sandboxes/{id}/events", get(list_events))
         .route("/v1/sandboxes/{id}/exec", post(start_exec))
         .route("/v1/sandboxes/{id}/exec/{exec_id}", get(get_exec))
         .route("/v1/sandboxes/{id}/exec/{exec_id}/stream", get(resume_exec))

@@ -16,6 +16,7 @@ use crate::{files, handlers};
         handlers::create_sandbox,
         handlers::list_sandboxes,
         handlers::pack_sandbox,
+        handlers::list_events,
         handlers::get_sandbox,
         handlers::delete_sandbox,
         handlers::start_exec,

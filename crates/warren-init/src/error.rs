@@ -15,6 +15,9 @@ pub enum InitError {
     /// (e.g. a mount point in the image is a symlink).
     #[error("{0}")]
     Refused(String),
+    /// The seccomp profile does not compile (a bug in its data).
+    #[error("step 4: seccomp profile: {0}")]
+    Profile(#[from] warren_guard::seccomp::SeccompError),
     /// The host broke the setup protocol.
     #[error("setup protocol: {0}")]
     Protocol(String),

@@ -1,7 +1,8 @@
 //! The in-sandbox agent: PID 1 of every container sandbox (later also of VMs).
 //!
 //! Owns: building the sandbox from inside (namespaces it enters, its mounts,
-//! `pivot_root`, masks, capability drop), reaping orphans, running commands
+//! `pivot_root`, masks, capability drop, the seccomp filter and the record of
+//! what it refused), reaping orphans, running commands
 //! with their output streamed back, and killing whole process trees on
 //! request. The library half is the wire protocol shared with the node side.
 //!

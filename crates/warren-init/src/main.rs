@@ -4,12 +4,14 @@
 //! report-state mode (see `session`).
 
 mod error;
+mod events;
 mod exec;
 mod pathsearch;
 mod pid1;
 mod reaper;
 mod rootfs;
 mod seal;
+mod seccomp;
 mod serve;
 mod session;
 mod setup;

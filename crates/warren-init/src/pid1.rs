@@ -1,12 +1,15 @@
 //! Step 4 of the setup sequence, run by PID 1 of the new pid namespace:
-//! build the sandbox's view of the system, seal the process, then serve.
+//! build the sandbox's view of the system, seal the process, take on the
+//! seccomp profile, then serve.
 
 use std::os::fd::{IntoRawFd, OwnedFd};
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::error::{InitError, StepContext};
+use crate::events::EventLog;
 use crate::setup::SetupChannel;
-use crate::{rootfs, seal, serve, sys};
+use crate::{rootfs, seal, seccomp, serve, sys};
 use warren_init::proto::setup::{BuildSpec, InitSays};
 use warren_init::proto::{LISTEN_FD, SETUP_FD};
 
@@ -17,9 +20,9 @@ pub const SELF_EXE_FD: i32 = LISTEN_FD + 1;
 pub fn run(mut channel: SetupChannel, spec: BuildSpec, self_exe: OwnedFd, parent_done: OwnedFd) -> ! {
     let built = build(&spec);
     wait_for_parent(parent_done);
-    let built = built.and_then(|()| settle_fds(self_exe));
-    let self_exe = match built {
-        Ok(fd) => fd,
+    let built = built.and_then(|()| settle_fds(self_exe)).and_then(restrict);
+    let (self_exe, events) = match built {
+        Ok(ready) => ready,
         Err(e) => {
             let _ = channel.send(&InitSays::Failed { message: e.to_string() });
             sys::exit_now(1)
@@ -33,7 +36,7 @@ pub fn run(mut channel: SetupChannel, spec: BuildSpec, self_exe: OwnedFd, parent
         // left to tell it.
         sys::exit_now(1)
     }
-    serve::run(self_exe)
+    serve::run(self_exe, events)
 }
 
 fn build(spec: &BuildSpec) -> Result<(), InitError> {
@@ -51,6 +54,13 @@ fn settle_fds(self_exe: OwnedFd) -> Result<OwnedFd, InitError> {
     let self_exe = sys::move_fd(self_exe, SELF_EXE_FD).step(|| "step 4: move /proc/self/exe".into())?;
     sys::close_from(SELF_EXE_FD + 1).step(|| "step 4: close_range".into())?;
     Ok(self_exe)
+}
+
+/// Last, once nothing but serving is left: from here on PID 1 and
+/// everything it starts run under the seccomp profile.
+fn restrict(self_exe: OwnedFd) -> Result<(OwnedFd, Arc<EventLog>), InitError> {
+    let events = seccomp::start()?;
+    Ok((self_exe, events))
 }
 
 /// Blocks until the forking parent has exited (its end of the pipe closes),

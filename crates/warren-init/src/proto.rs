@@ -62,6 +62,9 @@ pub enum Request {
     /// Start a process. Answered with `Started`, then `Stdout`/`Stderr`
     /// frames, then `Exited`.
     Exec(ExecSpec),
+    /// The security events recorded after `after_seq` (0: all that are
+    /// still held); answered with [`Response::Events`].
+    Events { after_seq: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,6 +97,43 @@ pub enum Response {
         message: String,
         not_found: bool,
     },
+    /// Every event still held with `seq > after_seq`, oldest first. Init
+    /// keeps the latest events only (a bounded ring): `dropped` counts the
+    /// events after `after_seq` it no longer holds. `next_seq` is the
+    /// number the next event will get, so `next_seq - 1` is the
+    /// `after_seq` that asks for only what is new.
+    Events {
+        events: Vec<SecurityEvent>,
+        dropped: u64,
+        next_seq: u64,
+    },
+}
+
+/// Something the sandbox tried that the platform refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecurityEvent {
+    /// 1, 2, 3, ... in the order init recorded the events.
+    pub seq: u64,
+    /// When init recorded it, in milliseconds since the Unix epoch.
+    pub time_ms: u64,
+    /// The process (thread group) as seen inside the sandbox; the calling
+    /// thread's id if the process was gone before init could look.
+    pub pid: i32,
+    /// Its command name; empty if it was gone before init could look.
+    pub comm: String,
+    pub kind: SecurityEventKind,
+    /// The refused system call, e.g. `ioctl` or `unshare`.
+    pub syscall: String,
+    /// What made it a refusal, e.g. `FICLONE (0x40049409)` or
+    /// `CLONE_NEWUSER`; empty for calls refused whatever they ask.
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SecurityEventKind {
+    /// A system call the seccomp profile refuses.
+    Seccomp,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -225,5 +265,29 @@ mod tests {
         assert_eq!(read_frame(&mut &bad[..]).unwrap_err().kind(), io::ErrorKind::InvalidData);
         let truncated = [FrameKind::Stdout as u8, 0, 0];
         assert_eq!(read_frame(&mut &truncated[..]).unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn events_request_and_response_have_a_stable_json_form() {
+        let request = serde_json::to_string(&Request::Events { after_seq: 7 }).unwrap();
+        assert_eq!(request, r#"{"op":"events","after_seq":7}"#);
+        let event = SecurityEvent {
+            seq: 8,
+            time_ms: 1_700_000_000_000,
+            pid: 12,
+            comm: "cp".into(),
+            kind: SecurityEventKind::Seccomp,
+            syscall: "ioctl".into(),
+            detail: "FICLONE (0x40049409)".into(),
+        };
+        let response = Response::Events { events: vec![event], dropped: 0, next_seq: 9 };
+        let json = serde_json::to_string(&response).unwrap();
+        assert_eq!(
+            json,
+            r#"{"kind":"events","events":[{"seq":8,"time_ms":1700000000000,"pid":12,"comm":"cp","kind":"seccomp","syscall":"ioctl","detail":"FICLONE (0x40049409)"}],"dropped":0,"next_seq":9}"#
+        );
+        assert_eq!(serde_json::from_str::<Response>(&json).unwrap(), response);
+        // The older requests keep their form.
+        assert_eq!(serde_json::to_string(&Request::Ping).unwrap(), r#"{"op":"ping"}"#);
     }
 }

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use warren_init::proto::{self, FrameKind, Request, Response, LISTEN_FD};
 
+use crate::events::EventLog;
 use crate::exec::{self, Context};
 use crate::reaper::Registry;
 use crate::sys;
@@ -23,7 +24,13 @@ use crate::sys;
 /// Stack of a connection thread: the pump keeps its buffers on the heap.
 const CONNECTION_STACK_BYTES: usize = 256 * 1024;
 
-pub fn run(self_exe: OwnedFd) -> ! {
+/// What every connection can reach.
+struct Shared {
+    exec: Context,
+    events: Arc<EventLog>,
+}
+
+pub fn run(self_exe: OwnedFd, events: Arc<EventLog>) -> ! {
     // SAFETY: the host hands init fd LISTEN_FD as a listening unix socket
     // and nothing else in this process owns it; it is wrapped once, here.
     let listener = unsafe { UnixListener::from_raw_fd(LISTEN_FD) };
@@ -34,7 +41,7 @@ pub fn run(self_exe: OwnedFd) -> ! {
         Ok(registry) => registry,
         Err(_) => sys::exit_now(1),
     };
-    let ctx = Arc::new(Context { registry, self_exe });
+    let ctx = Arc::new(Shared { exec: Context { registry, self_exe }, events });
     loop {
         match listener.accept() {
             Ok((conn, _)) => admit(&ctx, conn),
@@ -43,7 +50,7 @@ pub fn run(self_exe: OwnedFd) -> ! {
     }
 }
 
-fn admit(ctx: &Arc<Context>, conn: UnixStream) {
+fn admit(ctx: &Arc<Shared>, conn: UnixStream) {
     match sys::peer_pid(conn.as_fd()) {
         Ok(0) => {}
         // Inside the sandbox (or unknowable): refuse by closing.
@@ -72,7 +79,7 @@ fn wait_after_accept_error(e: &io::Error) {
     }
 }
 
-fn serve_connection(ctx: &Context, mut conn: UnixStream) {
+fn serve_connection(ctx: &Shared, mut conn: UnixStream) {
     let request = match proto::read_frame(&mut conn) {
         Ok(Some((FrameKind::Request, payload))) => serde_json::from_slice::<Request>(&payload),
         _ => return,
@@ -82,7 +89,12 @@ fn serve_connection(ctx: &Context, mut conn: UnixStream) {
             let pong = Response::Pong { init_version: env!("CARGO_PKG_VERSION").to_string() };
             let _ = proto::write_json(&mut conn, FrameKind::Response, &pong);
         }
-        Ok(Request::Exec(spec)) => exec::run(ctx, conn, spec),
+        Ok(Request::Exec(spec)) => exec::run(&ctx.exec, conn, spec),
+        Ok(Request::Events { after_seq }) => {
+            let batch = ctx.events.after(after_seq);
+            let events = Response::Events { events: batch.events, dropped: batch.dropped, next_seq: batch.next_seq };
+            let _ = proto::write_json(&mut conn, FrameKind::Response, &events);
+        }
         Err(e) => {
             let error = Response::Error { message: format!("bad request: {e}"), not_found: false };
             let _ = proto::write_json(&mut conn, FrameKind::Response, &error);

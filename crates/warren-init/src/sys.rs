@@ -210,3 +210,59 @@ pub unsafe fn reset_signal_dispositions() {
         };
     }
 }
+
+/// Installs `program` as a seccomp filter of the calling thread (and of
+/// every thread and process it creates from now on), with a listener for
+/// its `SECCOMP_RET_USER_NOTIF` results, which is returned (close-on-exec).
+///
+/// `WAIT_KILLABLE_RECV`: once the supervisor has taken a notification,
+/// only a fatal signal interrupts the caller, so an ordinary signal cannot
+/// make it retry the call and be recorded twice.
+pub fn install_seccomp_listener(program: &[warren_guard::seccomp::sock_filter]) -> io::Result<OwnedFd> {
+    let filter: Vec<libc::sock_filter> =
+        program.iter().map(|i| libc::sock_filter { code: i.code, jt: i.jt, jf: i.jf, k: i.k }).collect();
+    let len = u16::try_from(filter.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let fprog = libc::sock_fprog { len, filter: filter.as_ptr().cast_mut() };
+    let flags = libc::SECCOMP_FILTER_FLAG_NEW_LISTENER | libc::SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV;
+    // SAFETY: `fprog` points at `filter`, which outlives the call; the
+    // kernel copies the program and only reads it.
+    let rc = unsafe { libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, flags, &fprog) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: with NEW_LISTENER the kernel returns a new descriptor that
+    // nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(rc as RawFd) })
+}
+
+/// Waits for the next refused call on a seccomp listener.
+pub fn seccomp_receive(listener: BorrowedFd<'_>) -> io::Result<libc::seccomp_notif> {
+    // SAFETY: an all-zero `seccomp_notif` is a valid value of this plain C
+    // struct, and the kernel demands a zeroed buffer.
+    let mut notif: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+    // SAFETY: NOTIF_RECV writes one `seccomp_notif` into the buffer, whose
+    // size the command number encodes.
+    let rc = unsafe { libc::ioctl(listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_RECV, &mut notif) };
+    if rc == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(notif)
+}
+
+/// Whether notification `id` still waits for an answer, i.e. whether its
+/// caller is still the process its pid named when it was received.
+pub fn seccomp_still_waiting(listener: BorrowedFd<'_>, id: u64) -> bool {
+    // SAFETY: NOTIF_ID_VALID only reads the u64 it is given.
+    unsafe { libc::ioctl(listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_ID_VALID, &id) == 0 }
+}
+
+/// Fails the refused call `id` with `errno`.
+pub fn seccomp_fail(listener: BorrowedFd<'_>, id: u64, errno: i32) -> io::Result<()> {
+    let answer = libc::seccomp_notif_resp { id, val: 0, error: -errno, flags: 0 };
+    // SAFETY: NOTIF_SEND only reads the `seccomp_notif_resp` it is given.
+    let rc = unsafe { libc::ioctl(listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_SEND, &answer) };
+    if rc == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -571,6 +571,20 @@ impl Node {
         }
     }
 
+    // ---- security events ---------------------------------------------------
+
+    /// What the sandbox tried that the platform refused, after `after_seq`.
+    pub async fn events(&self, id: &str, after_seq: u64) -> Result<warren_api::SecurityEventList> {
+        let live = self.live(id)?;
+        live.touch();
+        let batch = live.driver.events(&live.handle, after_seq).await?;
+        Ok(warren_api::SecurityEventList {
+            events: batch.events.into_iter().map(records::security_event).collect(),
+            dropped: batch.dropped,
+            next_seq: batch.next_seq,
+        })
+    }
+
     // ---- sessions --------------------------------------------------------
 
     pub fn create_session(&self, id: &str, req: CreateSessionRequest) -> Result<SessionInfo> {

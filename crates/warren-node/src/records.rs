@@ -109,3 +109,18 @@ pub fn replay_frames(mut result: ExecResult, stdout_offset: u64, stderr_offset: 
 fn output_frame(stream: StreamName, offset: u64, data: &[u8]) -> ExecFrame {
     ExecFrame::Output { stream, offset, data_b64: base64::engine::general_purpose::STANDARD.encode(data) }
 }
+
+/// The API's view of an event init recorded.
+pub fn security_event(e: warren_backend::SecurityEvent) -> warren_api::SecurityEvent {
+    warren_api::SecurityEvent {
+        seq: e.seq,
+        time_ms: e.time_ms,
+        pid: e.pid,
+        comm: e.comm,
+        kind: match e.kind {
+            warren_backend::SecurityEventKind::Seccomp => warren_api::SecurityEventKind::Seccomp,
+        },
+        syscall: e.syscall,
+        detail: e.detail,
+    }
+}

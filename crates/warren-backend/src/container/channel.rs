@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use warren_guard::cgroup::SandboxCgroup;
 use warren_init::proto::{self, ExecSpec, FrameKind, Request, Response};
 
-use crate::{BackendError, ExecControl, ExecEvent, ExecProcess, ExitInfo, Result};
+use crate::{BackendError, EventBatch, ExecControl, ExecEvent, ExecProcess, ExitInfo, Result};
 
 /// Output frames buffered between init and the node. Small on purpose: when
 /// the node stops reading, init blocks on the socket and the command on its
@@ -77,6 +77,27 @@ pub(crate) async fn ping(sock: &Path, timeout: Duration) -> bool {
         Some(matches!(answer, Response::Pong { .. }))
     };
     tokio::time::timeout(timeout, exchange).await.ok().flatten().unwrap_or(false)
+}
+
+/// The security events init recorded after `after_seq`.
+pub(crate) async fn events(sock: &Path, after_seq: u64) -> Result<EventBatch> {
+    let exchange = async {
+        let mut stream = connect(sock).await?;
+        send_request(&mut stream, &Request::Events { after_seq })
+            .await
+            .map_err(|e| BackendError::io("send events request", e))?;
+        match read_frame(&mut stream).await.map_err(|e| BackendError::io("read events answer", e))? {
+            Some((FrameKind::Response, payload)) => match parse_response(&payload)? {
+                Response::Events { events, dropped, next_seq } => Ok(EventBatch { events, dropped, next_seq }),
+                other => Err(BackendError::Protocol(format!("expected Events, got {other:?}"))),
+            },
+            Some((kind, _)) => Err(BackendError::Protocol(format!("expected a response frame, got {kind:?}"))),
+            None => Err(BackendError::Gone),
+        }
+    };
+    tokio::time::timeout(START_TIMEOUT, exchange)
+        .await
+        .map_err(|_| BackendError::Protocol(format!("no answer to events within {START_TIMEOUT:?}")))?
 }
 
 /// Starts `spec` in the sandbox and returns once init said `Started`.

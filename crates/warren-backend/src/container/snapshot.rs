@@ -18,7 +18,13 @@ use crate::{BackendError, FsRoot, Result};
 const IDS_PER_SANDBOX: u32 = 65536;
 const FREEZE_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub(crate) fn snapshot(layout: &Layout, cgroup: &SandboxCgroup, uid_base: u32, dest: &Path, scrub: &[String]) -> Result<()> {
+pub(crate) fn snapshot(
+    layout: &Layout,
+    cgroup: &SandboxCgroup,
+    uid_base: u32,
+    dest: &Path,
+    scrub: &[String],
+) -> Result<()> {
     {
         let _frozen = cgroup.frozen(FREEZE_TIMEOUT).map_err(cgroup_err)?;
         copy_tree(&layout.upper(), dest)?;
