@@ -1,1 +1,567 @@
-//! (being written)
+//! The blob store: EROFS layers kept as content-addressed, fixed-size chunks
+//! plus JSON manifests, over any `object_store` backend - a local path (also
+//! how a mounted distributed filesystem such as 3FS, CephFS or NFS is used)
+//! or an S3-compatible service.
+//!
+//! Keys: `chunks/sha256/<hex>`, `layers/<name>/<version>.json`,
+//! `images/<name>/<tag>.json`.
+//!
+//! Invariants: a chunk is never returned unless its sha256 and length match
+//! the layer manifest; an eagerly pulled layer appears at its destination
+//! only after its whole-file digest matched; a layer manifest is written
+//! only after all of its chunks are stored, so a manifest never names a
+//! missing chunk; layer manifests are immutable (pushing another file under
+//! an existing `name@version` is refused). A chunk already present with the
+//! right length is not rewritten (dedup across layers and images).
+//!
+//! Durability: `object_store`'s local backend publishes each object by
+//! rename but does not fsync it, so a crash can leave a torn chunk. A push
+//! rewrites a chunk whose length is wrong; one of the right length but wrong
+//! content is refused by every fetch (an error, never data) until it is
+//! pushed again.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::stream::{self, StreamExt, TryStreamExt};
+use object_store::aws::AmazonS3Builder;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as StorePath;
+use object_store::{BackoffConfig, ObjectStore, PutPayload, RetryConfig};
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use crate::erofs::{self, ErofsError};
+use crate::error::ImageError;
+use crate::fsutil::random_hex_id;
+use crate::layer::{self, digest_hex, ImageManifest, LayerError, LayerManifest, LayerRole};
+
+/// Nydus's choice, and the middle of the 256 KiB - 4 MiB range block-level
+/// lazy loaders use.
+pub const DEFAULT_CHUNK_SIZE: u64 = 1 << 20;
+/// Chunks in flight per push or eager pull.
+const TRANSFER_CONCURRENCY: usize = 8;
+
+/// Why a blob-store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BlobError {
+    #[error("{context}: {source}")]
+    Store {
+        context: String,
+        #[source]
+        source: object_store::Error,
+    },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0} not found in the blob store")]
+    NotFound(String),
+    #[error(transparent)]
+    Manifest(#[from] LayerError),
+    /// A manifest stored under one key names another layer or image.
+    #[error("{key} holds the manifest of {found}")]
+    Misfiled { key: String, found: String },
+    #[error("layer {layer} has {count} chunks, chunk {index} asked for")]
+    ChunkIndex { layer: String, index: usize, count: usize },
+    /// The store returned bytes that are not the chunk the manifest names.
+    #[error("chunk {index} of layer {layer} is corrupt: expected {expected}, got {actual}")]
+    ChunkCorrupt { layer: String, index: usize, expected: String, actual: String },
+    #[error("layer {layer} reassembled to {actual}, expected {expected}")]
+    LayerCorrupt { layer: String, expected: String, actual: String },
+    #[error("layer {layer} already exists with digest {existing}; layers are immutable, push a new version")]
+    LayerExists { layer: String, existing: String },
+    #[error("chunk size {0} is not a power of two in 4 KiB..=64 MiB")]
+    InvalidChunkSize(u64),
+    #[error("layer file: {0}")]
+    Erofs(#[from] ErofsError),
+    #[error("blob store configuration: {0}")]
+    Config(String),
+    #[error("background task failed: {0}")]
+    Task(String),
+    #[error(transparent)]
+    Local(ImageError),
+}
+
+/// Where a layer's chunks come from: the seam between the node's lazy cache
+/// and the store.
+#[async_trait]
+pub trait ChunkSource: Send + Sync {
+    /// Chunk `index` of `layer`, verified against its digest.
+    async fn fetch_chunk(&self, layer: &LayerManifest, index: usize) -> Result<Bytes, BlobError>;
+}
+
+/// An S3-compatible endpoint, addressed path-style.
+#[derive(Debug, Clone)]
+pub struct S3Config {
+    /// e.g. `http://127.0.0.1:9000`.
+    pub endpoint: String,
+    pub bucket: String,
+    pub region: String,
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub allow_http: bool,
+}
+
+/// What a layer is, apart from its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerMeta {
+    pub name: String,
+    pub version: String,
+    pub role: LayerRole,
+}
+
+/// Counters since the store was opened (shared by its clones).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlobStats {
+    /// Verified chunks handed out by `fetch_chunk` (and eager pulls).
+    pub chunks_fetched: u64,
+    pub bytes_fetched: u64,
+    /// Fetched chunks refused for a wrong digest or length.
+    pub chunks_rejected: u64,
+    pub chunks_uploaded: u64,
+    pub bytes_uploaded: u64,
+    /// Chunks a push found already stored and did not send.
+    pub chunks_deduplicated: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    chunks_fetched: AtomicU64,
+    bytes_fetched: AtomicU64,
+    chunks_rejected: AtomicU64,
+    chunks_uploaded: AtomicU64,
+    bytes_uploaded: AtomicU64,
+    chunks_deduplicated: AtomicU64,
+}
+
+impl Counters {
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Layers and images in one object store. Cheap to clone.
+#[derive(Clone)]
+pub struct BlobStore {
+    store: Arc<dyn ObjectStore>,
+    chunk_size: u64,
+    counters: Arc<Counters>,
+}
+
+impl std::fmt::Debug for BlobStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlobStore")
+            .field("store", &self.store.to_string())
+            .field("chunk_size", &self.chunk_size)
+            .finish()
+    }
+}
+
+impl BlobStore {
+    pub fn new(store: Arc<dyn ObjectStore>) -> Self {
+        Self { store, chunk_size: DEFAULT_CHUNK_SIZE, counters: Arc::default() }
+    }
+
+    /// A store under the local directory `root` (created if missing).
+    pub fn local(root: &Path) -> Result<Self, BlobError> {
+        std::fs::create_dir_all(root)
+            .map_err(|source| BlobError::Io { context: format!("creating {}", root.display()), source })?;
+        let store = LocalFileSystem::new_with_prefix(root)
+            .map_err(|source| BlobError::Store { context: format!("opening {}", root.display()), source })?;
+        Ok(Self::new(Arc::new(store)))
+    }
+
+    /// A store in an S3-compatible bucket (which must exist).
+    pub fn s3(config: &S3Config) -> Result<Self, BlobError> {
+        // object_store's default retries for three minutes; a node should
+        // learn sooner that its store is gone.
+        let retry =
+            RetryConfig { backoff: BackoffConfig::default(), max_retries: 3, retry_timeout: Duration::from_secs(30) };
+        let store = AmazonS3Builder::new()
+            .with_endpoint(&config.endpoint)
+            .with_bucket_name(&config.bucket)
+            .with_region(&config.region)
+            .with_access_key_id(&config.access_key_id)
+            .with_secret_access_key(&config.secret_access_key)
+            .with_allow_http(config.allow_http)
+            .with_virtual_hosted_style_request(false)
+            .with_retry(retry)
+            .build()
+            .map_err(|e| BlobError::Config(e.to_string()))?;
+        Ok(Self::new(Arc::new(store)))
+    }
+
+    /// Sets the chunk size for layers pushed from now on (layers already
+    /// stored keep theirs).
+    pub fn with_chunk_size(mut self, bytes: u64) -> Result<Self, BlobError> {
+        if !layer::is_valid_chunk_size(bytes) {
+            return Err(BlobError::InvalidChunkSize(bytes));
+        }
+        self.chunk_size = bytes;
+        Ok(self)
+    }
+
+    pub fn chunk_size(&self) -> u64 {
+        self.chunk_size
+    }
+
+    pub fn stats(&self) -> BlobStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        BlobStats {
+            chunks_fetched: get(&c.chunks_fetched),
+            bytes_fetched: get(&c.bytes_fetched),
+            chunks_rejected: get(&c.chunks_rejected),
+            chunks_uploaded: get(&c.chunks_uploaded),
+            bytes_uploaded: get(&c.bytes_uploaded),
+            chunks_deduplicated: get(&c.chunks_deduplicated),
+        }
+    }
+
+    /// Stores the EROFS file `erofs_file` as layer `meta.name@meta.version`:
+    /// chunks first (those already present are skipped), the manifest last.
+    /// Pushing the same file again is a no-op; pushing a different one under
+    /// the same name and version is refused.
+    pub async fn push_layer(&self, erofs_file: &Path, meta: &LayerMeta) -> Result<LayerManifest, BlobError> {
+        let path = erofs_file.to_owned();
+        let chunk_size = self.chunk_size;
+        let plan = tokio::task::spawn_blocking(move || plan_layer(&path, chunk_size))
+            .await
+            .map_err(|e| BlobError::Task(e.to_string()))??;
+        let manifest = LayerManifest {
+            name: meta.name.clone(),
+            version: meta.version.clone(),
+            role: meta.role,
+            digest: plan.digest,
+            size: plan.size,
+            chunk_size,
+            chunks: plan.chunks,
+            metadata_ranges: plan.metadata_ranges,
+        };
+        manifest.validate()?;
+        if let Some(existing) = self.existing_layer(&manifest).await? {
+            return Ok(existing);
+        }
+        self.upload_chunks(erofs_file, &manifest).await?;
+        self.put_layer_manifest(&manifest).await?;
+        Ok(manifest)
+    }
+
+    /// The stored manifest equal to `manifest`, `None` if there is none, or
+    /// an error if another layer holds its name and version.
+    async fn existing_layer(&self, manifest: &LayerManifest) -> Result<Option<LayerManifest>, BlobError> {
+        match self.get_layer_manifest(&manifest.name, &manifest.version).await {
+            Ok(existing) if existing == *manifest => Ok(Some(existing)),
+            Ok(existing) => Err(BlobError::LayerExists { layer: manifest.id(), existing: existing.digest }),
+            Err(BlobError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn upload_chunks(&self, file: &Path, manifest: &LayerManifest) -> Result<(), BlobError> {
+        let file = Arc::new(
+            File::open(file)
+                .map_err(|source| BlobError::Io { context: format!("opening {}", file.display()), source })?,
+        );
+        // The first occurrence of each distinct chunk; a layer repeats chunks
+        // (zero runs) more often than one might think.
+        let mut seen = std::collections::HashSet::new();
+        let unique: Vec<usize> = (0..manifest.chunks.len()).filter(|&i| seen.insert(&manifest.chunks[i])).collect();
+        stream::iter(unique)
+            .map(|index| self.upload_chunk(Arc::clone(&file), manifest, index))
+            .buffer_unordered(TRANSFER_CONCURRENCY)
+            .try_collect::<()>()
+            .await
+    }
+
+    async fn upload_chunk(&self, file: Arc<File>, manifest: &LayerManifest, index: usize) -> Result<(), BlobError> {
+        let digest = &manifest.chunks[index];
+        let (offset, len) = manifest.chunk_extent(index).ok_or_else(|| BlobError::ChunkIndex {
+            layer: manifest.id(),
+            index,
+            count: manifest.chunks.len(),
+        })?;
+        let key = chunk_key(digest)?;
+        // A chunk of the wrong length (a torn write on a store without
+        // atomic puts) is written again; one of the right length but wrong
+        // content is caught by every fetch.
+        match self.store.head(&key).await {
+            Ok(meta) if meta.size == len => {
+                Counters::add(&self.counters.chunks_deduplicated, 1);
+                return Ok(());
+            }
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(source) => return Err(BlobError::Store { context: format!("looking up chunk {digest}"), source }),
+        }
+        let bytes = read_chunk(file, offset, len).await?;
+        let actual = sha256_digest(&bytes);
+        if actual != *digest {
+            return Err(BlobError::Io {
+                context: format!("chunk {index} of {}", manifest.id()),
+                source: std::io::Error::other(format!("the file changed while it was pushed ({actual} != {digest})")),
+            });
+        }
+        self.store
+            .put(&key, PutPayload::from_bytes(bytes))
+            .await
+            .map_err(|source| BlobError::Store { context: format!("storing chunk {digest}"), source })?;
+        Counters::add(&self.counters.chunks_uploaded, 1);
+        Counters::add(&self.counters.bytes_uploaded, len);
+        Ok(())
+    }
+
+    /// Chunk `index` of `layer`, checked against its digest and length.
+    pub async fn fetch_chunk(&self, layer: &LayerManifest, index: usize) -> Result<Bytes, BlobError> {
+        let (Some(digest), Some((_, len))) = (layer.chunks.get(index), layer.chunk_extent(index)) else {
+            return Err(BlobError::ChunkIndex { layer: layer.id(), index, count: layer.chunks.len() });
+        };
+        let key = chunk_key(digest)?;
+        let bytes = self.get_bytes(&key, || format!("chunk {index} of {}", layer.id())).await?;
+        let actual = sha256_digest(&bytes);
+        if actual != *digest || bytes.len() as u64 != len {
+            Counters::add(&self.counters.chunks_rejected, 1);
+            return Err(BlobError::ChunkCorrupt {
+                layer: layer.id(),
+                index,
+                expected: format!("{digest} ({len} bytes)"),
+                actual: format!("{actual} ({} bytes)", bytes.len()),
+            });
+        }
+        Counters::add(&self.counters.chunks_fetched, 1);
+        Counters::add(&self.counters.bytes_fetched, len);
+        Ok(bytes)
+    }
+
+    /// Fetches the whole layer to `dest` (the eager baseline). `dest` appears
+    /// only once the reassembled file matched the layer digest.
+    pub async fn pull_layer_eager(&self, layer: &LayerManifest, dest: &Path) -> Result<(), BlobError> {
+        layer.validate()?;
+        let partial = PartialFile::new(dest)?;
+        let mut file = tokio::fs::File::create(partial.path())
+            .await
+            .map_err(|source| BlobError::Io { context: format!("creating {}", partial.path().display()), source })?;
+        let mut hasher = Sha256::new();
+        let mut chunks = stream::iter(0..layer.chunks.len())
+            .map(|index| self.fetch_chunk(layer, index))
+            .buffered(TRANSFER_CONCURRENCY);
+        let write_err = |source| BlobError::Io { context: format!("writing {}", partial.path().display()), source };
+        while let Some(chunk) = chunks.try_next().await? {
+            hasher.update(&chunk);
+            file.write_all(&chunk).await.map_err(write_err)?;
+        }
+        file.sync_all().await.map_err(write_err)?;
+        drop(file);
+        let actual = format!("sha256:{}", erofs::hex(&hasher.finalize()));
+        if actual != layer.digest {
+            return Err(BlobError::LayerCorrupt { layer: layer.id(), expected: layer.digest.clone(), actual });
+        }
+        partial.publish(dest)
+    }
+
+    /// Stores a layer manifest (after validating it). Prefer `push_layer`,
+    /// which also stores the chunks.
+    pub async fn put_layer_manifest(&self, manifest: &LayerManifest) -> Result<(), BlobError> {
+        manifest.validate()?;
+        let key = layer_key(&manifest.name, &manifest.version);
+        self.put_json(&key, manifest.to_json()?).await
+    }
+
+    /// The manifest of `name@version`, validated.
+    pub async fn get_layer_manifest(&self, name: &str, version: &str) -> Result<LayerManifest, BlobError> {
+        let key = layer_key(name, version);
+        let bytes = self.get_bytes(&key, || format!("layer {name}@{version}")).await?;
+        let manifest = LayerManifest::from_json(&bytes)?;
+        if manifest.name != name || manifest.version != version {
+            return Err(BlobError::Misfiled { key: key.to_string(), found: manifest.id() });
+        }
+        Ok(manifest)
+    }
+
+    pub async fn put_image_manifest(&self, manifest: &ImageManifest) -> Result<(), BlobError> {
+        manifest.validate()?;
+        let key = image_key(&manifest.name, &manifest.tag);
+        self.put_json(&key, manifest.to_json()?).await
+    }
+
+    pub async fn get_image_manifest(&self, name: &str, tag: &str) -> Result<ImageManifest, BlobError> {
+        let key = image_key(name, tag);
+        let bytes = self.get_bytes(&key, || format!("image {name}:{tag}")).await?;
+        let manifest = ImageManifest::from_json(&bytes)?;
+        if manifest.name != name || manifest.tag != tag {
+            return Err(BlobError::Misfiled { key: key.to_string(), found: manifest.id() });
+        }
+        Ok(manifest)
+    }
+
+    /// The layer manifests of `image`, bottom first, each checked to carry
+    /// the digest the image names.
+    pub async fn image_layers(&self, image: &ImageManifest) -> Result<Vec<LayerManifest>, BlobError> {
+        let mut layers = Vec::with_capacity(image.layers.len());
+        for (index, r) in image.layers.iter().enumerate() {
+            let layer = self.get_layer_manifest(&r.name, &r.version).await?;
+            image.check_layer(index, &layer)?;
+            layers.push(layer);
+        }
+        Ok(layers)
+    }
+
+    /// Makes (or moves) the tag `name:tag` to the stored layers
+    /// `(name, version)`, bottom first. Writes one small manifest; no chunk
+    /// is read or copied.
+    pub async fn compose_image(
+        &self,
+        name: &str,
+        tag: &str,
+        layers: &[(&str, &str)],
+    ) -> Result<ImageManifest, BlobError> {
+        let mut manifests = Vec::with_capacity(layers.len());
+        for (layer_name, version) in layers {
+            manifests.push(self.get_layer_manifest(layer_name, version).await?);
+        }
+        let image = layer::compose(name, tag, &manifests)?;
+        self.put_image_manifest(&image).await?;
+        Ok(image)
+    }
+
+    async fn put_json(&self, key: &StorePath, json: Vec<u8>) -> Result<(), BlobError> {
+        self.store
+            .put(key, PutPayload::from(json))
+            .await
+            .map(|_| ())
+            .map_err(|source| BlobError::Store { context: format!("storing {key}"), source })
+    }
+
+    async fn get_bytes(&self, key: &StorePath, what: impl Fn() -> String) -> Result<Bytes, BlobError> {
+        let result = match self.store.get(key).await {
+            Ok(result) => result,
+            Err(object_store::Error::NotFound { .. }) => return Err(BlobError::NotFound(what())),
+            Err(source) => return Err(BlobError::Store { context: format!("reading {}", what()), source }),
+        };
+        result.bytes().await.map_err(|source| BlobError::Store { context: format!("reading {}", what()), source })
+    }
+}
+
+#[async_trait]
+impl ChunkSource for BlobStore {
+    async fn fetch_chunk(&self, layer: &LayerManifest, index: usize) -> Result<Bytes, BlobError> {
+        BlobStore::fetch_chunk(self, layer, index).await
+    }
+}
+
+/// What a push learns from one pass over the layer file.
+struct LayerPlan {
+    digest: String,
+    size: u64,
+    chunks: Vec<String>,
+    metadata_ranges: Vec<(u64, u64)>,
+}
+
+/// Hashes the file whole and chunk by chunk in one pass, and maps its
+/// metadata (which also proves it is an EROFS image this crate can serve).
+fn plan_layer(path: &Path, chunk_size: u64) -> Result<LayerPlan, BlobError> {
+    let metadata_ranges = erofs::metadata_ranges(path)?;
+    let io_err = |source| BlobError::Io { context: format!("reading {}", path.display()), source };
+    let file = File::open(path).map_err(io_err)?;
+    let mut whole = Sha256::new();
+    let mut chunks = Vec::new();
+    let mut buf = vec![0u8; usize::try_from(chunk_size).map_err(|_| BlobError::InvalidChunkSize(chunk_size))?];
+    let mut offset = 0u64;
+    loop {
+        let n = read_full_at(&file, &mut buf, offset).map_err(io_err)?;
+        if n == 0 {
+            break;
+        }
+        whole.update(&buf[..n]);
+        chunks.push(sha256_digest(&buf[..n]));
+        offset += n as u64;
+    }
+    let digest = format!("sha256:{}", erofs::hex(&whole.finalize()));
+    Ok(LayerPlan { digest, size: offset, chunks, metadata_ranges })
+}
+
+/// Fills `buf` from `offset` unless the file ends first; returns the count.
+fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+async fn read_chunk(file: Arc<File>, offset: u64, len: u64) -> Result<Bytes, BlobError> {
+    tokio::task::spawn_blocking(move || {
+        let mut buf = vec![0u8; usize::try_from(len).map_err(|_| BlobError::InvalidChunkSize(len))?];
+        let n = read_full_at(&file, &mut buf, offset)
+            .map_err(|source| BlobError::Io { context: format!("reading {len} bytes at {offset}"), source })?;
+        buf.truncate(n);
+        Ok(Bytes::from(buf))
+    })
+    .await
+    .map_err(|e| BlobError::Task(e.to_string()))?
+}
+
+fn sha256_digest(bytes: &[u8]) -> String {
+    format!("sha256:{}", erofs::hex(&Sha256::digest(bytes)))
+}
+
+fn chunk_key(digest: &str) -> Result<StorePath, BlobError> {
+    Ok(StorePath::from(format!("chunks/sha256/{}", digest_hex(digest)?)))
+}
+
+fn layer_key(name: &str, version: &str) -> StorePath {
+    StorePath::from(format!("layers/{name}/{version}.json"))
+}
+
+fn image_key(name: &str, tag: &str) -> StorePath {
+    StorePath::from(format!("images/{name}/{tag}.json"))
+}
+
+/// A file being written next to its destination, removed when dropped
+/// unless published.
+struct PartialFile {
+    path: PathBuf,
+    armed: bool,
+}
+
+impl PartialFile {
+    fn new(dest: &Path) -> Result<Self, BlobError> {
+        let id = random_hex_id().map_err(BlobError::Local)?;
+        let dir = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        Ok(Self { path: dir.join(format!(".{name}.partial-{id}")), armed: true })
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn publish(mut self, dest: &Path) -> Result<(), BlobError> {
+        std::fs::rename(&self.path, dest)
+            .map_err(|source| BlobError::Io { context: format!("publishing {}", dest.display()), source })?;
+        self.armed = false;
+        let dir = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        crate::fsutil::fsync_dir(dir).map_err(BlobError::Local)
+    }
+}
+
+impl Drop for PartialFile {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
