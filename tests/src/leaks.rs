@@ -232,6 +232,30 @@ fn kill_instance_processes(instance: &str, within: Duration) {
     }
 }
 
+/// Layer-cache fill holders (`warren __layer-cache-holder`) that still hold a
+/// file under `dir` open - they inherit the test server's log. A holder
+/// outlives a crashed server on purpose (the next start adopts it), but never
+/// a server that stopped cleanly.
+pub fn layer_cache_holders(dir: &Path) -> Vec<i32> {
+    let mut out = Vec::new();
+    for entry in dir_entries(Path::new("/proc")) {
+        let Some(pid) = entry.file_name().and_then(|n| n.to_str()).and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if !cmdline(pid).contains("__layer-cache-holder") || is_zombie(pid) {
+            continue;
+        }
+        let holds_ours = dir_entries(&entry.join("fd"))
+            .iter()
+            .filter_map(|fd| fs::read_link(fd).ok())
+            .any(|target| target.starts_with(dir));
+        if holds_ours {
+            out.push(pid);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -216,6 +216,8 @@ impl TestServer {
         }
         let leaks = Leaks::scan(&self.data_dir(), &self.instance);
         assert!(leaks.is_empty(), "the server left behind:\n{leaks}\nlog:\n{}", self.log_tail(40));
+        let holders = leaks::layer_cache_holders(self.path());
+        assert!(holders.is_empty(), "a cleanly stopped server left layer-cache holders {holders:?}");
         leaks::remove_instance_dirs(&self.instance);
         let left = leaks::instance_cgroup_dirs(&self.instance);
         assert!(left.is_empty(), "cannot remove the instance's cgroup directories {left:?}");
@@ -249,6 +251,15 @@ impl Drop for TestServer {
         self.signal(Signal::KILL);
         if let Some(mut child) = self.child.take() {
             let _ = child.wait();
+        }
+        if let Some(dir) = &self.dir {
+            // Our own server's holders (they hold its log open): kill them before
+            // their layer mounts are forced away below.
+            for pid in leaks::layer_cache_holders(dir.path()) {
+                if let Some(pid) = Pid::from_raw(pid) {
+                    let _ = kill_process(pid, Signal::KILL);
+                }
+            }
         }
         let left = leaks::force_cleanup(&self.data_dir(), &self.instance);
         if let Some(dir) = self.dir.take() {

@@ -276,6 +276,18 @@ pub struct SandboxList {
     pub sandboxes: Vec<SandboxInfo>,
 }
 
+/// How an imported image is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageFormat {
+    /// Read-only layer directories on the node's disk.
+    #[default]
+    Dir,
+    /// Layered: EROFS layer files in the chunked blob store, fetched lazily
+    /// through the node's layer cache and mounted once per node.
+    Erofs,
+}
+
 /// `GET /v1/images`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ImageInfo {

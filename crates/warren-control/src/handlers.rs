@@ -53,6 +53,8 @@ pub struct ImportDirRequest {
     pub name: String,
     /// Absolute path of a root filesystem directory on the server's host.
     pub dir: String,
+    #[serde(default)]
+    pub format: ImageFormat,
 }
 
 #[utoipa::path(post, path = "/v1/images", request_body = ImportDirRequest,
@@ -65,7 +67,11 @@ pub async fn import_image_dir(
     if !dir.is_absolute() || !dir.is_dir() {
         return Err(ApiError::invalid("dir", "must be an existing absolute directory on the server").into());
     }
-    Ok((StatusCode::CREATED, Json(s.node.import_image_dir(req.name, dir).await?)))
+    let info = match req.format {
+        ImageFormat::Dir => s.node.import_image_dir(req.name, dir).await?,
+        ImageFormat::Erofs => s.node.import_image_layered(req.name, dir).await?,
+    };
+    Ok((StatusCode::CREATED, Json(info)))
 }
 
 #[utoipa::path(put, path = "/v1/images/{name}/tar", request_body(content = Vec<u8>, content_type = "application/x-tar"),

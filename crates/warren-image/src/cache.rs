@@ -1,1 +1,707 @@
-//! (being written)
+//! The node's layer cache: every layer a sandbox uses is one local EROFS
+//! file, mounted once per node (read-only, file-backed) and filled lazily.
+//!
+//! A layer file starts sparse with only its metadata chunks local (what
+//! EROFS reads without raising events). It is marked for fanotify
+//! pre-content events, then mounted. A read of a range not yet local waits
+//! in the kernel while the fill daemon fetches the chunks covering it,
+//! checks each against the manifest's digest and writes it through the
+//! event's descriptor; a chunk that cannot be fetched or does not match
+//! fails the read with `EIO`.
+//!
+//! Invariants: a reader never gets bytes that are not the layer's. An
+//! unfilled range errors or waits, never reads as zeros, also while no
+//! daemon runs: a holder process ([`holder_main`]) keeps the fanotify group
+//! open, and the next cache opened on the directory adopts it and answers
+//! the waiting readers. A leased layer is never evicted, and the layer
+//! files together never exceed the capacity (counted at their full size, so
+//! lazy filling can never overrun the disk budget).
+//!
+//! Never parses or runs anything from a layer: the kernel's EROFS driver is
+//! the only reader of its contents.
+
+mod daemon;
+mod error;
+mod fanotify;
+mod file;
+mod holder;
+mod mount;
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Read};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::time::SystemTime;
+
+use rustix::fs::FlockOperation;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use tokio::runtime::{Handle, RuntimeFlavor};
+
+use crate::blob::ChunkSource;
+use crate::layer::{digest_hex, LayerManifest};
+use daemon::{deny_orphaned_events, fetch_batch, Daemon, HighWater, Shared};
+use error::IoContext;
+pub use error::{CacheError, Result};
+use fanotify::Group;
+use file::{owned_file_hex, LayerFile};
+pub use holder::{holder_main, HolderCommand, HOLDER_ARG, HOLDER_CONTROL_FD, HOLDER_GROUP_FD};
+use holder::{Adopted, Holder};
+
+pub const DEFAULT_FILL_THREADS: usize = 4;
+/// Held exclusively by the one cache that owns a directory.
+const LOCK_FILE: &str = ".lock";
+const HOLDER_RECORD: &str = "holder.json";
+const HIGH_WATER: &str = "event-fd-high-water";
+const MOUNT_DIR: &str = "mnt";
+const READ_THROUGH_BYTES: usize = 1 << 20;
+
+/// Where and how big the cache is, and how to start its holder.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    pub dir: PathBuf,
+    pub capacity_bytes: u64,
+    pub holder: HolderCommand,
+    /// Events filled concurrently.
+    pub fill_threads: usize,
+}
+
+impl CacheConfig {
+    /// A cache whose holder is this executable run with [`HOLDER_ARG`].
+    pub fn new(dir: impl Into<PathBuf>, capacity_bytes: u64) -> Result<Self> {
+        let holder = HolderCommand::current_exe().context(|| "locating the running executable".into())?;
+        Ok(Self { dir: dir.into(), capacity_bytes, holder, fill_threads: DEFAULT_FILL_THREADS })
+    }
+}
+
+/// What one cached layer cost and served since this cache opened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LayerStats {
+    pub digest: String,
+    pub size_bytes: u64,
+    /// Bytes of the layer held locally (whole verified chunks).
+    pub present_bytes: u64,
+    /// Sum of the ranges readers asked the daemon for.
+    pub bytes_accessed: u64,
+    /// Bytes fetched from the store, metadata prefill included.
+    pub bytes_fetched: u64,
+    pub chunks_fetched: u64,
+    /// Chunks fetched before mounting because they hold metadata.
+    pub metadata_chunks_fetched: u64,
+    /// Events whose range was already local when they arrived (the page
+    /// cache had dropped pages the file holds).
+    pub cache_hits: u64,
+    pub fill_events: u64,
+    /// Events answered with `EIO`.
+    pub failed_fills: u64,
+    pub leases: usize,
+    pub mounted: bool,
+}
+
+/// The node's cache of lazily filled layers. Dropping it stops its daemon
+/// but leaves mounts and holder up, as a crash would: the next cache opened
+/// on the directory takes over. [`LayerCache::shutdown`] tears down.
+pub struct LayerCache {
+    inner: Arc<Inner>,
+    daemon: Option<Daemon>,
+}
+
+/// A use of one mounted layer; the layer stays mounted and unevictable
+/// while any lease on it lives.
+#[derive(Debug)]
+pub struct LayerLease {
+    inner: Arc<Inner>,
+    hex: String,
+    digest: String,
+    mount: PathBuf,
+    file: PathBuf,
+}
+
+impl LayerLease {
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// The layer's read-only mount, shared by every lease on it.
+    pub fn mount_path(&self) -> &Path {
+        &self.mount
+    }
+
+    /// The local layer file (a raw EROFS image once complete).
+    pub fn file_path(&self) -> &Path {
+        &self.file
+    }
+}
+
+impl Drop for LayerLease {
+    fn drop(&mut self) {
+        self.inner.release(&self.hex);
+    }
+}
+
+impl LayerCache {
+    /// Opens the cache at `dir` with the default holder command.
+    pub async fn open(dir: impl Into<PathBuf>, capacity_bytes: u64, source: Arc<dyn ChunkSource>) -> Result<Self> {
+        Self::open_with(CacheConfig::new(dir, capacity_bytes)?, source).await
+    }
+
+    /// Opens (creating if needed) the cache in `config.dir`. If a holder from
+    /// an earlier cache is alive, adopts its group, so mounts stay up and
+    /// readers waiting on them are answered; otherwise starts a new group
+    /// and holder and re-prepares what the directory holds.
+    pub async fn open_with(config: CacheConfig, source: Arc<dyn ChunkSource>) -> Result<Self> {
+        let runtime = Handle::try_current().map_err(|_| CacheError::Runtime)?;
+        if matches!(runtime.runtime_flavor(), RuntimeFlavor::CurrentThread) {
+            return Err(CacheError::Runtime);
+        }
+        let fill_threads = config.fill_threads;
+        let inner = tokio::task::spawn_blocking(move || Inner::open(config, source, runtime))
+            .await
+            .map_err(|e| CacheError::Task(e.to_string()))??;
+        let inner = Arc::new(inner);
+        let daemon = Daemon::start(Arc::clone(&inner.shared), fill_threads)?;
+        Ok(Self { inner, daemon: Some(daemon) })
+    }
+
+    /// Makes the layer local (metadata now, data on first read) and mounted,
+    /// once per node; every further acquire shares the mount.
+    pub async fn acquire(&self, manifest: &LayerManifest) -> Result<LayerLease> {
+        manifest.validate()?;
+        let hex = digest_hex(&manifest.digest)?.to_owned();
+        let gate = self.inner.gate(&hex);
+        let turn = gate.lock().await;
+        let result = self.acquire_in_turn(manifest, &hex).await;
+        drop(turn);
+        self.inner.drop_gate(&hex, gate);
+        result
+    }
+
+    async fn acquire_in_turn(&self, manifest: &LayerManifest, hex: &str) -> Result<LayerLease> {
+        let inner = &self.inner;
+        let (file, created) = match inner.claim(hex, manifest)? {
+            Claimed::Leased => return Ok(inner.lease(hex)),
+            Claimed::OnDisk(file) => (file, false),
+            Claimed::New => match self.create(manifest).await {
+                Ok(file) => (file, true),
+                Err(e) => {
+                    inner.abandon(hex, true);
+                    return Err(e);
+                }
+            },
+        };
+        match inner.mount(&file) {
+            Ok(()) => Ok(inner.finish(hex, file)),
+            Err(e) => {
+                inner.abandon(hex, created);
+                Err(e)
+            }
+        }
+    }
+
+    /// Creates the sparse file and fetches its metadata chunks, before any
+    /// mark: writes through the file's own descriptor raise no events yet.
+    async fn create(&self, manifest: &LayerManifest) -> Result<Arc<LayerFile>> {
+        let file = Arc::new(LayerFile::create(&self.inner.dir, manifest)?);
+        let wanted = file.missing_metadata_chunks();
+        let source = Arc::clone(&self.inner.shared.source);
+        let fetched = fetch_batch(source, Arc::clone(file.manifest()), wanted.clone()).await;
+        for (index, result) in wanted.into_iter().zip(fetched) {
+            file.store_prefetched(index, result)?;
+        }
+        Ok(file)
+    }
+
+    /// Fills every chunk of a leased layer (the whole file becomes a plain
+    /// EROFS image, usable as a VM disk) and checks the file's digest. The
+    /// reads go through the daemon like any other reader's.
+    pub async fn fetch_all(&self, lease: &LayerLease) -> Result<()> {
+        let path = lease.file.clone();
+        let expected = lease.digest.clone();
+        let actual = tokio::task::spawn_blocking(move || digest_reading_through(&path))
+            .await
+            .map_err(|e| CacheError::Task(e.to_string()))??;
+        if actual != expected {
+            let hex = lease.hex.clone();
+            return Err(CacheError::Unusable { hex, reason: format!("the filled file hashes to {actual}") });
+        }
+        Ok(())
+    }
+
+    /// Per-layer statistics, by digest.
+    pub fn stats(&self) -> Vec<LayerStats> {
+        let table = self.inner.table();
+        let mut stats: Vec<LayerStats> =
+            table.entries.values().filter_map(|e| e.file.as_ref().map(|f| f.stats(e.leases, e.mounted))).collect();
+        stats.sort_by(|a, b| a.digest.cmp(&b.digest));
+        stats
+    }
+
+    pub fn holder_pid(&self) -> i32 {
+        self.inner.shared.holder.lock().unwrap_or_else(PoisonError::into_inner).pid()
+    }
+
+    /// Whether this cache took over a holder an earlier cache left running.
+    pub fn adopted_holder(&self) -> bool {
+        self.inner.adopted
+    }
+
+    /// Unmounts every layer, stops the daemon and ends the holder. Refuses
+    /// (`InUse`) while a layer is leased or its mount is busy: those stay
+    /// mounted and the holder stays, so they keep failing closed.
+    pub async fn shutdown(mut self) -> Result<()> {
+        let inner = Arc::clone(&self.inner);
+        let daemon = self.daemon.take();
+        tokio::task::spawn_blocking(move || inner.shutdown(daemon))
+            .await
+            .map_err(|e| CacheError::Task(e.to_string()))?
+    }
+}
+
+struct Inner {
+    dir: PathBuf,
+    mounts: PathBuf,
+    capacity_bytes: u64,
+    shared: Arc<Shared>,
+    table: Mutex<Table>,
+    /// One async turn per layer, so one acquire prepares it and the others
+    /// then share its mount.
+    gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    adopted: bool,
+    _lock: File,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner").field("dir", &self.dir).finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    entries: HashMap<String, Entry>,
+    /// Ticks on every acquire and release; orders eviction.
+    clock: u64,
+}
+
+struct Entry {
+    /// `None` while the first acquire creates the file.
+    file: Option<Arc<LayerFile>>,
+    size_bytes: u64,
+    leases: usize,
+    last_used: u64,
+    mounted: bool,
+    /// An acquire is working on it; not evictable.
+    busy: bool,
+}
+
+enum Claimed {
+    /// Already mounted; a lease was counted.
+    Leased,
+    /// On disk from before but not mounted.
+    OnDisk(Arc<LayerFile>),
+    /// Room was made and the entry reserved; the file is to be created.
+    New,
+}
+
+impl Inner {
+    fn open(config: CacheConfig, source: Arc<dyn ChunkSource>, runtime: Handle) -> Result<Self> {
+        let dir = prepare_dir(&config.dir)?;
+        let mounts = dir.join(MOUNT_DIR);
+        fs::create_dir_all(&mounts).context(|| format!("creating {}", mounts.display()))?;
+        let lock = lock_dir(&dir)?;
+        let (high_water, previous_high) = HighWater::open(&dir.join(HIGH_WATER))?;
+        let record = dir.join(HOLDER_RECORD);
+        let (group, holder, adopted) = match Holder::adopt(&config.holder, &record)? {
+            Some(Adopted { holder, group }) => {
+                let denied = deny_orphaned_events(&group, previous_high);
+                if denied > 0 {
+                    tracing::warn!(denied, "answered events a dead daemon had taken with EIO");
+                }
+                (group, holder, true)
+            }
+            None => {
+                let group = Group::new().context(|| "creating a pre-content fanotify group".into())?;
+                high_water.reset()?;
+                let holder = Holder::spawn(&config.holder, &group, &record)?;
+                (group, holder, false)
+            }
+        };
+        let shared =
+            Shared { group, files: RwLock::default(), source, runtime, holder: Mutex::new(holder), high_water };
+        let inner = Self {
+            dir,
+            mounts,
+            capacity_bytes: config.capacity_bytes,
+            shared: Arc::new(shared),
+            table: Mutex::default(),
+            gates: Mutex::default(),
+            adopted,
+            _lock: lock,
+        };
+        inner.recover()?;
+        inner.trim_to_capacity();
+        Ok(inner)
+    }
+
+    /// Takes stock of what an earlier cache left: layers on disk, their
+    /// mounts, and mounts or files nothing accounts for.
+    fn recover(&self) -> Result<()> {
+        let mounted = mount::mount_points().context(|| "reading the mount table".into())?;
+        let mut found: Vec<(String, Entry, SystemTime)> = Vec::new();
+        for hex in self.hexes_on_disk()? {
+            let target = self.mounts.join(&hex);
+            match self.recover_layer(&hex, mounted.contains(&target)) {
+                Ok(entry) => {
+                    let touched = fs::metadata(self.dir.join(format!("{hex}.erofs")))
+                        .and_then(|m| m.modified())
+                        .unwrap_or(SystemTime::UNIX_EPOCH);
+                    found.push((hex, entry, touched));
+                }
+                Err(e) => {
+                    tracing::warn!(layer = %hex, error = %e, "discarding a cached layer");
+                    if mounted.contains(&target) {
+                        let _ = mount::unmount(&target);
+                    }
+                    LayerFile::remove(&self.dir, &hex);
+                }
+            }
+        }
+        // Oldest first, so the clock orders eviction as the files' last fills did.
+        found.sort_by_key(|(_, _, touched)| *touched);
+        let mut table = self.table();
+        for (hex, mut entry, _) in found {
+            table.clock += 1;
+            entry.last_used = table.clock;
+            table.entries.insert(hex, entry);
+        }
+        self.sweep_mount_dirs(&table, &mounted);
+        Ok(())
+    }
+
+    fn hexes_on_disk(&self) -> Result<BTreeSet<String>> {
+        let listing = fs::read_dir(&self.dir).context(|| format!("listing {}", self.dir.display()))?;
+        Ok(listing
+            .filter_map(|entry| entry.ok()?.file_name().to_str().and_then(owned_file_hex).map(str::to_owned))
+            .collect())
+    }
+
+    fn recover_layer(&self, hex: &str, mounted: bool) -> Result<Entry> {
+        let file = Arc::new(LayerFile::load(&self.dir, hex)?);
+        let mut mounted = mounted;
+        if self.adopted {
+            // The adopted group still carries the marks this mount raises
+            // events through.
+            if mounted {
+                self.shared.register(&file);
+            }
+        } else {
+            mounted = self.reprepare(&file, mounted)?;
+        }
+        Ok(Entry { size_bytes: file.manifest().size, file: Some(file), leases: 0, last_used: 0, mounted, busy: false })
+    }
+
+    /// After the group a layer was mounted under is gone: readers may have
+    /// read zeros meanwhile, and the mount's page cache may still hold them,
+    /// so the mount goes; the chunks on disk are checked again. A mount
+    /// still in use is kept and re-marked, so at least no further read
+    /// fails open. Returns whether the layer is still mounted.
+    fn reprepare(&self, file: &Arc<LayerFile>, mounted: bool) -> Result<bool> {
+        let target = self.mounts.join(file.hex());
+        let still_mounted = mounted
+            && match mount::unmount(&target) {
+                Ok(()) => false,
+                Err(e) => {
+                    tracing::error!(layer = file.hex(), error = %e,
+                        "a lazy layer outlived its fanotify group and is still in use; pages read meanwhile may be zeros");
+                    true
+                }
+            };
+        let dropped = file.verify_present()?;
+        if dropped > 0 {
+            tracing::warn!(
+                layer = file.hex(),
+                dropped,
+                "chunks on disk did not match their digest; they will be fetched again"
+            );
+        }
+        if still_mounted {
+            self.shared.register(file);
+            if !file.is_complete() {
+                self.shared.group.mark(file.inode()).context(|| format!("marking {}", file.path().display()))?;
+            }
+        }
+        Ok(still_mounted)
+    }
+
+    /// Removes mount directories of layers the cache no longer has.
+    fn sweep_mount_dirs(&self, table: &Table, mounted: &HashSet<PathBuf>) {
+        let Ok(listing) = fs::read_dir(&self.mounts) else { return };
+        for entry in listing.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if table.entries.contains_key(&name) {
+                continue;
+            }
+            let path = entry.path();
+            if mounted.contains(&path) {
+                if let Err(e) = mount::unmount(&path) {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot unmount a stale layer mount");
+                    continue;
+                }
+            }
+            let _ = fs::remove_dir(&path);
+        }
+    }
+
+    /// Evicts least-recently-used layers while the directory holds more than
+    /// the capacity (after the capacity was lowered between runs).
+    fn trim_to_capacity(&self) {
+        let mut table = self.table();
+        if let Err(e) = self.make_room(&mut table, "", 0) {
+            tracing::warn!(error = %e, "the cache stays over capacity: its layers are in use");
+        }
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn gate(&self, hex: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut gates = self.gates.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(gates.entry(hex.to_owned()).or_default())
+    }
+
+    fn drop_gate(&self, hex: &str, gate: Arc<tokio::sync::Mutex<()>>) {
+        let mut gates = self.gates.lock().unwrap_or_else(PoisonError::into_inner);
+        drop(gate);
+        if gates.get(hex).is_some_and(|g| Arc::strong_count(g) == 1) {
+            gates.remove(hex);
+        }
+    }
+
+    fn claim(&self, hex: &str, manifest: &LayerManifest) -> Result<Claimed> {
+        let mut table = self.table();
+        table.clock += 1;
+        let now = table.clock;
+        if let Some(entry) = table.entries.get_mut(hex) {
+            if entry.mounted {
+                entry.leases += 1;
+                entry.last_used = now;
+                return Ok(Claimed::Leased);
+            }
+            if let Some(file) = &entry.file {
+                entry.busy = true;
+                return Ok(Claimed::OnDisk(Arc::clone(file)));
+            }
+        }
+        self.make_room(&mut table, &manifest.digest, manifest.size)?;
+        let entry =
+            Entry { file: None, size_bytes: manifest.size, leases: 0, last_used: now, mounted: false, busy: true };
+        table.entries.insert(hex.to_owned(), entry);
+        Ok(Claimed::New)
+    }
+
+    /// Evicts unleased layers, least recently used first, until `size`
+    /// more bytes fit.
+    fn make_room(&self, table: &mut Table, digest: &str, size: u64) -> Result<()> {
+        let mut stuck = HashSet::new();
+        loop {
+            let used: u64 = table.entries.values().map(|e| e.size_bytes).sum();
+            if used.saturating_add(size) <= self.capacity_bytes {
+                return Ok(());
+            }
+            let victim = table
+                .entries
+                .iter()
+                .filter(|(hex, e)| e.leases == 0 && !e.busy && e.file.is_some() && !stuck.contains(*hex))
+                .min_by_key(|(_, e)| e.last_used)
+                .map(|(hex, _)| hex.clone());
+            let Some(victim) = victim else {
+                return Err(CacheError::CacheFull {
+                    digest: digest.to_owned(),
+                    needed_bytes: size,
+                    capacity_bytes: self.capacity_bytes,
+                    in_use_bytes: used,
+                });
+            };
+            match table.entries.get(&victim).map(|entry| self.evict(&victim, entry)) {
+                Some(Err(e)) => {
+                    tracing::warn!(layer = %victim, error = %e, "cannot evict a layer");
+                    stuck.insert(victim);
+                }
+                _ => {
+                    table.entries.remove(&victim);
+                }
+            }
+        }
+    }
+
+    /// Unmounts and deletes one layer. The mark goes too: it pins the inode,
+    /// which would keep the deleted file's blocks allocated.
+    fn evict(&self, hex: &str, entry: &Entry) -> Result<()> {
+        if entry.mounted {
+            let target = self.mounts.join(hex);
+            mount::unmount(&target).context(|| format!("unmounting {}", target.display()))?;
+            let _ = fs::remove_dir(&target);
+        }
+        if let Some(file) = &entry.file {
+            self.shared.forget(file);
+            if let Err(e) = self.shared.group.unmark(file.inode()) {
+                tracing::warn!(layer = hex, error = %e, "could not unmark an evicted layer");
+            }
+        }
+        LayerFile::remove(&self.dir, hex);
+        tracing::debug!(layer = hex, "evicted");
+        Ok(())
+    }
+
+    /// Registers, marks (unless complete) and mounts a layer file, in that
+    /// order: a file mounted before it is marked never raises events.
+    fn mount(&self, file: &Arc<LayerFile>) -> Result<()> {
+        self.shared.register(file);
+        let mounted = self.mark_and_mount(file);
+        if mounted.is_err() {
+            self.shared.forget(file);
+            let _ = self.shared.group.unmark(file.inode());
+        }
+        mounted
+    }
+
+    fn mark_and_mount(&self, file: &LayerFile) -> Result<()> {
+        if !file.is_complete() {
+            self.shared.group.mark(file.inode()).context(|| format!("marking {}", file.path().display()))?;
+        }
+        let target = self.mounts.join(file.hex());
+        fs::create_dir_all(&target).context(|| format!("creating {}", target.display()))?;
+        mount::mount_erofs(file.path(), &target).context(|| format!("mounting {}", file.path().display()))
+    }
+
+    fn finish(self: &Arc<Self>, hex: &str, file: Arc<LayerFile>) -> LayerLease {
+        let mut table = self.table();
+        table.clock += 1;
+        let now = table.clock;
+        if let Some(entry) = table.entries.get_mut(hex) {
+            entry.file = Some(file);
+            entry.mounted = true;
+            entry.busy = false;
+            entry.leases += 1;
+            entry.last_used = now;
+        }
+        drop(table);
+        self.lease(hex)
+    }
+
+    /// Undoes a failed acquire: a layer it created goes entirely; one that
+    /// was on disk stays, unmounted.
+    fn abandon(&self, hex: &str, created: bool) {
+        let mut table = self.table();
+        if created {
+            table.entries.remove(hex);
+            LayerFile::remove(&self.dir, hex);
+        } else if let Some(entry) = table.entries.get_mut(hex) {
+            entry.busy = false;
+        }
+    }
+
+    fn lease(self: &Arc<Self>, hex: &str) -> LayerLease {
+        LayerLease {
+            inner: Arc::clone(self),
+            hex: hex.to_owned(),
+            digest: format!("sha256:{hex}"),
+            mount: self.mounts.join(hex),
+            file: self.dir.join(format!("{hex}.erofs")),
+        }
+    }
+
+    fn release(&self, hex: &str) {
+        let mut table = self.table();
+        table.clock += 1;
+        let now = table.clock;
+        if let Some(entry) = table.entries.get_mut(hex) {
+            entry.leases = entry.leases.saturating_sub(1);
+            entry.last_used = now;
+        }
+    }
+
+    fn shutdown(&self, daemon: Option<Daemon>) -> Result<()> {
+        // Unmount while the daemon still answers: a reader racing the
+        // unmount must not be left waiting.
+        let in_use = self.unmount_all();
+        if let Some(daemon) = daemon {
+            daemon.stop_and_join();
+        }
+        if !in_use.is_empty() {
+            return Err(CacheError::InUse(in_use));
+        }
+        self.shared.holder.lock().unwrap_or_else(PoisonError::into_inner).stop()
+    }
+
+    /// Unmounts every unleased layer; returns the digests still in use.
+    fn unmount_all(&self) -> Vec<String> {
+        let mut table = self.table();
+        let mut in_use = Vec::new();
+        for (hex, entry) in table.entries.iter_mut().filter(|(_, e)| e.mounted) {
+            let target = self.mounts.join(hex.as_str());
+            if entry.leases > 0 {
+                in_use.push(format!("sha256:{hex}"));
+                continue;
+            }
+            match mount::unmount(&target) {
+                Ok(()) => {
+                    entry.mounted = false;
+                    let _ = fs::remove_dir(&target);
+                    if let Some(file) = &entry.file {
+                        self.shared.forget(file);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(layer = %hex, error = %e, "cannot unmount a layer");
+                    in_use.push(format!("sha256:{hex}"));
+                }
+            }
+        }
+        in_use
+    }
+}
+
+fn prepare_dir(dir: &Path) -> Result<PathBuf> {
+    fs::create_dir_all(dir).context(|| format!("creating {}", dir.display()))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).context(|| format!("restricting {}", dir.display()))?;
+    dir.canonicalize().context(|| format!("resolving {}", dir.display()))
+}
+
+fn lock_dir(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .context(|| format!("opening {}", path.display()))?;
+    match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(file),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(CacheError::Busy(dir.to_owned())),
+        Err(e) => Err(e).context(|| format!("locking {}", path.display())),
+    }
+}
+
+/// Reads the whole file through an ordinary descriptor (so every missing
+/// range raises an event and is filled) and hashes what it read.
+fn digest_reading_through(path: &Path) -> Result<String> {
+    let mut file = File::open(path).context(|| format!("opening {}", path.display()))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; READ_THROUGH_BYTES];
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => hasher.update(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).context(|| format!("reading {}", path.display())),
+        }
+    }
+    let hex: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("sha256:{hex}"))
+}

@@ -13,6 +13,7 @@
 mod capture;
 mod exec;
 mod files;
+mod layered;
 mod pool;
 mod records;
 
@@ -35,8 +36,11 @@ use warren_store::{StateStore, StateStoreExt, StoreError, Table};
 pub use capture::{Capture, Chunk};
 pub use exec::ExecEntry;
 pub use files::FileError;
+pub use layered::DEFAULT_CACHE_BYTES;
 pub use pool::PoolSpec;
 use records::{SandboxRecord, SessionRecord};
+pub use warren_image::cache::HolderCommand;
+use warren_image::cache::LayerLease;
 pub use warren_image::ImageError;
 
 /// How long a create may take before it is abandoned and cleaned up.
@@ -56,6 +60,9 @@ pub struct NodeConfig {
     pub init_binary: PathBuf,
     pub max_sandboxes: usize,
     pub pools: Vec<PoolSpec>,
+    /// Enables layered (EROFS, lazily fetched) images: how to start the
+    /// layer cache's fill holder, and the cache's size bound.
+    pub layer_cache: Option<(HolderCommand, u64)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -127,14 +134,23 @@ struct Live {
     execs: Mutex<HashMap<String, Arc<ExecEntry>>>,
     running_execs: AtomicUsize,
     sessions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<SessionRecord>>>>,
+    /// Keeps the sandbox's layered-image layers mounted while it lives.
+    _layers: Vec<LayerLease>,
 }
 
 impl Live {
-    fn new(id: String, handle: SandboxHandle, driver: Arc<dyn Driver>, rec: SandboxRecord) -> Arc<Live> {
+    fn new(
+        id: String,
+        handle: SandboxHandle,
+        driver: Arc<dyn Driver>,
+        rec: SandboxRecord,
+        layers: Vec<LayerLease>,
+    ) -> Arc<Live> {
         Arc::new(Live {
             id,
             handle,
             driver,
+            _layers: layers,
             record: Mutex::new(rec),
             execs: Mutex::new(HashMap::new()),
             running_execs: AtomicUsize::new(0),
@@ -155,6 +171,8 @@ struct Inner {
     cfg: NodeConfig,
     store: Arc<dyn StateStore>,
     images: Arc<ImageStore>,
+    /// Taken out (and shut down) when the node stops.
+    layered: Mutex<Option<Arc<layered::LayeredImages>>>,
     container: Arc<dyn Driver>,
     live: Mutex<HashMap<String, Arc<Live>>>,
     creating: AtomicUsize,
@@ -174,11 +192,18 @@ impl Node {
     pub async fn start(cfg: NodeConfig, store: Arc<dyn StateStore>, container: Arc<dyn Driver>) -> Result<Node> {
         let images = Arc::new(ImageStore::open(cfg.data_dir.join("images"))?);
         let pools = pool::Pools::new(cfg.pools.clone());
+        let layered = match &cfg.layer_cache {
+            Some((holder, bytes)) => {
+                Some(Arc::new(layered::LayeredImages::open(&cfg.data_dir, holder.clone(), *bytes).await?))
+            }
+            None => None,
+        };
         let node = Node {
             inner: Arc::new(Inner {
                 cfg,
                 store,
                 images,
+                layered: Mutex::new(layered),
                 container,
                 live: Mutex::new(HashMap::new()),
                 creating: AtomicUsize::new(0),
@@ -223,7 +248,7 @@ impl Node {
     pub async fn create(&self, req: CreateSandboxRequest) -> Result<(SandboxInfo, bool)> {
         req.validate().map_err(NodeError::Invalid)?;
         let driver = self.driver(req.backend)?;
-        let image = self.inner.images.get(&req.image).map_err(|e| match NodeError::from(e) {
+        let image = self.resolve_image(&req.image).await.map_err(|e| match e {
             NodeError::ImageNotFound(name) => {
                 NodeError::Invalid(ApiError::invalid("image", format!("no image named `{name}`")))
             }
@@ -281,15 +306,17 @@ impl Node {
         };
         self.save(&rec)?;
 
+        let mut layer_leases = image.leases;
         let made = match self.claim_pooled(&pool_key).await {
-            Some(handle) => {
+            Some((handle, member_leases)) => {
                 rec.info.from_pool = true;
+                layer_leases = member_leases;
                 Ok(handle)
             }
             None => {
                 let spec = SandboxSpec {
                     id: id.clone(),
-                    layers: image.layers().iter().map(|l| l.path().to_path_buf()).collect(),
+                    layers: image.paths,
                     resources,
                     network: req.network,
                     hostname: id.clone(),
@@ -330,7 +357,7 @@ impl Node {
         rec.handle = Some(handle.clone());
         self.save(&rec)?;
         let info = rec.info.clone();
-        self.live_map().insert(id.clone(), Live::new(id, handle, driver, rec));
+        self.live_map().insert(id.clone(), Live::new(id, handle, driver, rec, layer_leases));
         drop(admitted);
         Ok((info, true))
     }
@@ -673,6 +700,41 @@ impl Node {
         Ok(self.inner.images.list()?.into_iter().map(records::image_info).collect())
     }
 
+    fn layered(&self) -> Option<Arc<layered::LayeredImages>> {
+        self.inner.layered.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The layer directories of image `name` (bottom first): a directory
+    /// image's own, or a layered image's layers mounted through the cache
+    /// (with the leases that keep them mounted).
+    async fn resolve_image(&self, name: &str) -> Result<ResolvedImage> {
+        match self.inner.images.get(name) {
+            Ok(image) => {
+                return Ok(ResolvedImage {
+                    paths: image.layers().iter().map(|l| l.path().to_path_buf()).collect(),
+                    leases: Vec::new(),
+                })
+            }
+            Err(warren_image::ImageError::NotFound(_)) | Err(warren_image::ImageError::InvalidName(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        match self.layered() {
+            Some(layered) if layered.has(name).await => {
+                let leases = layered.acquire(name).await?;
+                Ok(ResolvedImage { paths: leases.iter().map(|l| l.mount_path().to_path_buf()).collect(), leases })
+            }
+            _ => Err(NodeError::ImageNotFound(name.to_string())),
+        }
+    }
+
+    /// Imports `dir` as a layered image: one EROFS layer in the blob store.
+    pub async fn import_image_layered(&self, name: String, dir: PathBuf) -> Result<ImageInfo> {
+        let layered = self.layered().ok_or_else(|| {
+            NodeError::Invalid(ApiError::invalid("format", "layered images are not enabled on this server"))
+        })?;
+        layered.import_dir(&name, &dir, warren_image::layer::LayerRole::Base).await
+    }
+
     /// Replacing an image removes its old layer directories, which running
     /// sandboxes still have mounted: refuse while any sandbox or pool uses it.
     fn check_image_unused(&self, name: &str) -> Result<()> {
@@ -769,7 +831,14 @@ impl Node {
                 let Some(handle) = rec.handle.clone() else { continue };
                 keep.push(handle.id.clone());
                 rec.info.last_activity_at_ms = now_ms();
-                let live = Live::new(id.clone(), handle, driver, rec);
+                let layers = match self.resolve_image(&rec.info.image).await {
+                    Ok(image) => image.leases,
+                    Err(e) => {
+                        tracing::warn!(sandbox = %id, "re-adopted, but its image's layers are not available: {e}");
+                        Vec::new()
+                    }
+                };
+                let live = Live::new(id.clone(), handle, driver, rec, layers);
                 for (key, bytes) in self.store().list(Table::Sessions, &format!("{id}/"))? {
                     if let Ok(s) = serde_json::from_slice::<SessionRecord>(&bytes) {
                         let sid = key.rsplit('/').next().unwrap_or_default().to_string();
@@ -824,6 +893,12 @@ impl Node {
         }
         self.inner.pools.drain(self.inner.container.as_ref()).await;
         if self.sandboxes_running() == 0 {
+            let layered = self.inner.layered.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(layered) = layered.and_then(|l| Arc::try_unwrap(l).ok()) {
+                if let Err(e) = layered.shutdown().await {
+                    tracing::warn!("cannot shut the layer cache down: {e}");
+                }
+            }
             if let Err(e) = self.inner.container.release().await {
                 tracing::warn!("cannot release the container driver's node-wide resources: {e}");
             }
@@ -862,4 +937,10 @@ impl Drop for AdmissionTicket<'_> {
     fn drop(&mut self) {
         self.0.inner.creating.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// An image's layers as the driver wants them.
+struct ResolvedImage {
+    paths: Vec<PathBuf>,
+    leases: Vec<LayerLease>,
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use warren_api::{NetworkMode, Resources};
 use warren_backend::{Driver, Liveness, SandboxHandle, SandboxSpec};
+use warren_image::cache::LayerLease;
 
 use crate::{new_id, Node};
 
@@ -82,9 +83,12 @@ impl PoolKey {
     }
 }
 
+/// An idle sandbox and the leases that keep its image's layers mounted.
+type Member = (SandboxHandle, Vec<LayerLease>);
+
 pub struct Pools {
     specs: Vec<PoolSpec>,
-    members: Mutex<HashMap<PoolKey, VecDeque<SandboxHandle>>>,
+    members: Mutex<HashMap<PoolKey, VecDeque<Member>>>,
     wake: Notify,
 }
 
@@ -93,11 +97,11 @@ impl Pools {
         Pools { specs, members: Mutex::new(HashMap::new()), wake: Notify::new() }
     }
 
-    fn members(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, VecDeque<SandboxHandle>>> {
+    fn members(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, VecDeque<Member>>> {
         self.members.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn pop(&self, key: &PoolKey) -> Option<SandboxHandle> {
+    fn pop(&self, key: &PoolKey) -> Option<Member> {
         self.members().get_mut(key).and_then(VecDeque::pop_front)
     }
 
@@ -108,8 +112,8 @@ impl Pools {
 
     /// Destroys every idle member (shutdown of a test server).
     pub async fn drain(&self, driver: &dyn Driver) {
-        let all: Vec<SandboxHandle> = self.members().drain().flat_map(|(_, v)| v).collect();
-        for h in all {
+        let all: Vec<Member> = self.members().drain().flat_map(|(_, v)| v).collect();
+        for (h, _leases) in all {
             let _ = driver.destroy(&h).await;
         }
     }
@@ -117,13 +121,13 @@ impl Pools {
 
 impl Node {
     /// Takes a live idle member matching `key`, if any.
-    pub(crate) async fn claim_pooled(&self, key: &PoolKey) -> Option<SandboxHandle> {
+    pub(crate) async fn claim_pooled(&self, key: &PoolKey) -> Option<Member> {
         let pools = &self.inner.pools;
         loop {
-            let handle = pools.pop(key)?;
+            let (handle, leases) = pools.pop(key)?;
             pools.wake.notify_one();
             if self.inner.container.probe(&handle).await == Liveness::Alive {
-                return Some(handle);
+                return Some((handle, leases));
             }
             let _ = self.inner.container.destroy(&handle).await;
         }
@@ -154,17 +158,18 @@ impl Node {
         }
     }
 
-    async fn make_member(&self, spec: &PoolSpec) -> crate::Result<SandboxHandle> {
-        let image = self.inner.images.get(&spec.image)?;
+    async fn make_member(&self, spec: &PoolSpec) -> crate::Result<Member> {
+        let image = self.resolve_image(&spec.image).await?;
         let id = new_id("sb");
         let sandbox = SandboxSpec {
             id: id.clone(),
-            layers: image.layers().iter().map(|l| l.path().to_path_buf()).collect(),
+            layers: image.paths,
             resources: spec.resources.clone(),
             network: spec.network,
             hostname: id,
         };
-        Ok(Arc::clone(&self.inner.container).create(&sandbox).await?)
+        let handle = Arc::clone(&self.inner.container).create(&sandbox).await?;
+        Ok((handle, image.leases))
     }
 }
 

@@ -127,13 +127,14 @@ impl Client {
         self.json(self.req(Method::GET, "/v1/images")).await
     }
 
-    pub async fn import_dir(&self, name: &str, dir: &str) -> Result<ImageInfo> {
+    pub async fn import_dir(&self, name: &str, dir: &str, format: &str) -> Result<ImageInfo> {
         #[derive(Serialize)]
         struct Req<'a> {
             name: &'a str,
             dir: &'a str,
+            format: &'a str,
         }
-        self.json(self.req(Method::POST, "/v1/images").json(&Req { name, dir })).await
+        self.json(self.req(Method::POST, "/v1/images").json(&Req { name, dir, format })).await
     }
 
     pub async fn import_tar(&self, name: &str, body: reqwest::Body) -> Result<ImageInfo> {

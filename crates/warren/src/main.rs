@@ -182,6 +182,9 @@ enum ImageCmd {
     ImportDir {
         name: String,
         dir: PathBuf,
+        /// `dir` (layer directories) or `erofs` (lazily loaded EROFS layers).
+        #[arg(long, default_value = "dir")]
+        format: String,
     },
     /// Import a tar stream (a file, or `-` for stdin).
     ImportTar {
@@ -371,11 +374,10 @@ async fn real_main(cli: Cli) -> Result<i32> {
                         .collect::<Vec<_>>()
                         .join("\n")
                 }),
-                ImageCmd::ImportDir { name, dir } => {
+                ImageCmd::ImportDir { name, dir, format } => {
                     let dir = std::fs::canonicalize(dir).with_context(|| format!("no directory {}", dir.display()))?;
-                    print(json, &client.import_dir(name, &dir.to_string_lossy()).await?, |i| {
-                        format!("imported {}", i.name)
-                    })
+                    let info = client.import_dir(name, &dir.to_string_lossy(), format).await?;
+                    print(json, &info, |i| format!("imported {}", i.name))
                 }
                 ImageCmd::ImportTar { name, tar } => {
                     print(json, &client.import_tar(name, body_from(tar).await?).await?, |i| {
@@ -389,6 +391,11 @@ async fn real_main(cli: Cli) -> Result<i32> {
 }
 
 fn main() {
+    // The layer cache's holder: a tiny process keeping the fanotify group
+    // open so unfilled layer ranges fail closed while no server runs.
+    if std::env::args_os().nth(1).is_some_and(|a| a == warren_image::cache::HOLDER_ARG) {
+        warren_image::cache::holder_main();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WARREN_LOG").unwrap_or_else(|_| "warn,warren=info".into()),

@@ -34,6 +34,9 @@ pub struct ServeArgs {
     /// re-adopted by the next start).
     #[arg(long)]
     pub destroy_on_exit: bool,
+    /// Size bound of the node's cache of layered-image layers.
+    #[arg(long, default_value_t = warren_node::DEFAULT_CACHE_BYTES)]
+    pub layer_cache_bytes: u64,
 }
 
 impl ServeArgs {
@@ -46,6 +49,7 @@ impl ServeArgs {
             pools: Vec::new(),
             max_sandboxes: 4096,
             destroy_on_exit: true,
+            layer_cache_bytes: warren_node::DEFAULT_CACHE_BYTES,
         }
     }
 }
@@ -98,6 +102,11 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
             init_binary,
             max_sandboxes: args.max_sandboxes,
             pools: args.pools.clone(),
+            layer_cache: Some((
+                warren_node::HolderCommand::current_exe()
+                    .context("cannot find this binary for the layer cache's holder")?,
+                args.layer_cache_bytes,
+            )),
         },
         store,
         driver,

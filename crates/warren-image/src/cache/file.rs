@@ -1,0 +1,520 @@
+//! One cached layer on disk: `<hex>.erofs` (the layer, sparse until
+//! filled), `<hex>.json` (its manifest) and `<hex>.present` (one byte per
+//! chunk, 1 once the chunk is written and verified).
+//!
+//! Invariant: a chunk is marked present only after its bytes matched the
+//! manifest's digest and were written; a present chunk is never rewritten.
+//! Bytes outside present chunks are never handed to a reader: the fill
+//! daemon either writes the verified chunk or denies the read.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::ErrorKind;
+use std::ops::RangeInclusive;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+
+use super::error::{CacheError, IoContext, Result};
+use super::LayerStats;
+use crate::layer::{digest_hex, LayerManifest};
+
+/// `(st_dev, st_ino)`: how a fanotify event's descriptor is matched to its
+/// layer.
+pub(crate) type InodeKey = (u64, u64);
+
+/// Why a range could not be filled; the reader gets `EIO`.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FillError {
+    #[error("chunk {index}: fetch failed: {reason}")]
+    Fetch { index: usize, reason: String },
+    #[error("chunk {index}: {reason}")]
+    Corrupt { index: usize, reason: String },
+    #[error("chunk {index}: writing it: {source}")]
+    Write {
+        index: usize,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChunkState {
+    Missing,
+    /// Claimed by one filler; others wait for it to settle.
+    Fetching,
+    Present,
+}
+
+#[derive(Debug)]
+struct Chunks {
+    states: Vec<ChunkState>,
+    present: usize,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    bytes_accessed: AtomicU64,
+    bytes_fetched: AtomicU64,
+    chunks_fetched: AtomicU64,
+    metadata_chunks_fetched: AtomicU64,
+    cache_hits: AtomicU64,
+    fill_events: AtomicU64,
+    failed_fills: AtomicU64,
+}
+
+/// The fetcher a fill uses: one result per index, in the same order.
+pub(crate) type FetchFn<'a> = dyn Fn(&[usize]) -> Vec<Result<Bytes, String>> + 'a;
+
+#[derive(Debug)]
+pub(crate) struct LayerFile {
+    manifest: Arc<LayerManifest>,
+    hex: String,
+    path: PathBuf,
+    /// Opened before the file is ever marked when the file is new or found
+    /// after a reboot, so writes and reads through it raise no events; after
+    /// an adoption it is used only to name the inode (mark, unmark, stat).
+    file: File,
+    bitmap: File,
+    key: InodeKey,
+    digests: Vec<[u8; 32]>,
+    chunks: Mutex<Chunks>,
+    settled: Condvar,
+    unmarked: AtomicBool,
+    counters: Counters,
+}
+
+impl LayerFile {
+    /// Creates the sparse layer file, its empty bitmap and its record.
+    pub(crate) fn create(dir: &Path, manifest: &LayerManifest) -> Result<Self> {
+        let hex = digest_hex(&manifest.digest)?.to_owned();
+        let paths = Paths::new(dir, &hex);
+        let json = manifest.to_json()?;
+        fs::write(&paths.record, json).context(|| format!("writing {}", paths.record.display()))?;
+        let file = create_sized(&paths.layer, manifest.size)?;
+        let bitmap = create_sized(&paths.bitmap, u64::try_from(manifest.chunks.len()).unwrap_or(u64::MAX))?;
+        Self::assemble(manifest.clone(), hex, paths.layer, file, bitmap, vec![0; manifest.chunks.len()])
+    }
+
+    /// Opens what an earlier run left for `hex`.
+    pub(crate) fn load(dir: &Path, hex: &str) -> Result<Self> {
+        let paths = Paths::new(dir, hex);
+        let json = fs::read(&paths.record).context(|| format!("reading {}", paths.record.display()))?;
+        let manifest = LayerManifest::from_json(&json)?;
+        manifest.validate()?;
+        if digest_hex(&manifest.digest)? != hex {
+            return Err(corrupt(hex, "the record names another layer"));
+        }
+        let file = open_rw(&paths.layer)?;
+        let len = file.metadata().context(|| format!("stat {}", paths.layer.display()))?.len();
+        if len != manifest.size {
+            return Err(corrupt(hex, &format!("file holds {len} bytes, the layer has {}", manifest.size)));
+        }
+        let bitmap = open_rw(&paths.bitmap)?;
+        let mut marks = vec![0u8; manifest.chunks.len()];
+        // A short bitmap (a crash while creating it) reads as missing chunks.
+        let read = read_at_most(&bitmap, &mut marks).context(|| format!("reading {}", paths.bitmap.display()))?;
+        marks[read..].fill(0);
+        Self::assemble(manifest, hex.to_owned(), paths.layer, file, bitmap, marks)
+    }
+
+    fn assemble(
+        manifest: LayerManifest,
+        hex: String,
+        path: PathBuf,
+        file: File,
+        bitmap: File,
+        marks: Vec<u8>,
+    ) -> Result<Self> {
+        let digests = manifest.chunks.iter().map(|c| parse_digest(c)).collect::<Result<Vec<_>>>()?;
+        let stat = rustix::fs::fstat(&file).context(|| format!("stat {}", path.display()))?;
+        let states: Vec<ChunkState> =
+            marks.iter().map(|&m| if m == 1 { ChunkState::Present } else { ChunkState::Missing }).collect();
+        let present = states.iter().filter(|s| **s == ChunkState::Present).count();
+        Ok(Self {
+            manifest: Arc::new(manifest),
+            hex,
+            path,
+            file,
+            bitmap,
+            key: (stat.st_dev, stat.st_ino),
+            digests,
+            chunks: Mutex::new(Chunks { states, present }),
+            settled: Condvar::new(),
+            unmarked: AtomicBool::new(false),
+            counters: Counters::default(),
+        })
+    }
+
+    /// Removes every file of `hex`; missing files are not an error.
+    pub(crate) fn remove(dir: &Path, hex: &str) {
+        let paths = Paths::new(dir, hex);
+        for path in [&paths.layer, &paths.bitmap, &paths.record] {
+            if let Err(e) = fs::remove_file(path) {
+                if e.kind() != ErrorKind::NotFound {
+                    tracing::warn!(path = %path.display(), error = %e, "could not remove a cached layer file");
+                }
+            }
+        }
+    }
+
+    pub(crate) fn manifest(&self) -> &Arc<LayerManifest> {
+        &self.manifest
+    }
+
+    pub(crate) fn hex(&self) -> &str {
+        &self.hex
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn key(&self) -> InodeKey {
+        self.key
+    }
+
+    /// The inode to mark and unmark.
+    pub(crate) fn inode(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    pub(crate) fn is_complete(&self) -> bool {
+        let chunks = self.lock();
+        chunks.present == chunks.states.len()
+    }
+
+    /// True the first time it is called on a complete layer: the moment to
+    /// drop its mark, since no read of it needs a verdict any more.
+    pub(crate) fn take_unmark_turn(&self) -> bool {
+        self.is_complete() && !self.unmarked.swap(true, Ordering::AcqRel)
+    }
+
+    /// Re-hashes every chunk the bitmap calls present and forgets the ones
+    /// that do not match (after a reboot the bitmap may be ahead of the
+    /// data). Only for a file no group marks, or reads would raise events.
+    pub(crate) fn verify_present(&self) -> Result<usize> {
+        let present: Vec<usize> = {
+            let chunks = self.lock();
+            (0..chunks.states.len()).filter(|&i| chunks.states[i] == ChunkState::Present).collect()
+        };
+        let mut dropped = 0;
+        let mut buf = Vec::new();
+        for index in present {
+            let (offset, len) = self.extent(index);
+            buf.resize(usize::try_from(len).unwrap_or(usize::MAX), 0);
+            let read = read_at_most_at(&self.file, &mut buf, offset).context(|| format!("reading {}", self.hex))?;
+            if read != buf.len() || Sha256::digest(&buf).as_slice() != self.digests[index] {
+                self.set_state(index, ChunkState::Missing);
+                dropped += 1;
+            }
+        }
+        Ok(dropped)
+    }
+
+    /// Chunks holding metadata that are not present yet: what must be local
+    /// before the layer is mounted.
+    pub(crate) fn missing_metadata_chunks(&self) -> Vec<usize> {
+        let chunk_size = self.manifest.chunk_size;
+        let chunks = self.lock();
+        let mut wanted: Vec<usize> = self
+            .manifest
+            .metadata_ranges
+            .iter()
+            .filter(|(_, len)| *len > 0)
+            .flat_map(|&(offset, len)| chunk_index(offset, chunk_size)..=chunk_index(offset + len - 1, chunk_size))
+            .filter(|&i| chunks.states.get(i) == Some(&ChunkState::Missing))
+            .collect();
+        wanted.dedup();
+        wanted
+    }
+
+    /// Stores a chunk fetched before the file was marked, through the
+    /// file's own (event-free) descriptor.
+    pub(crate) fn store_prefetched(&self, index: usize, fetched: Result<Bytes, String>) -> Result<()> {
+        let to_error =
+            |e: FillError| CacheError::Chunk { digest: self.manifest.digest.clone(), index, reason: e.to_string() };
+        let bytes = fetched.map_err(|reason| to_error(FillError::Fetch { index, reason }))?;
+        self.count_fetched(&bytes);
+        self.counters.metadata_chunks_fetched.fetch_add(1, Ordering::Relaxed);
+        self.check_chunk(index, &bytes).map_err(to_error)?;
+        let (offset, _) = self.extent(index);
+        self.file.write_all_at(&bytes, offset).map_err(|source| to_error(FillError::Write { index, source }))?;
+        self.set_state(index, ChunkState::Present);
+        Ok(())
+    }
+
+    /// Makes `[offset, offset + count)` readable: fetches, verifies and
+    /// writes (through `event_fd`, which raises no event) every chunk of the
+    /// range not yet present, waiting for chunks another filler is fetching.
+    pub(crate) fn fill(
+        &self,
+        event_fd: BorrowedFd<'_>,
+        offset: u64,
+        count: u64,
+        fetch: &FetchFn<'_>,
+    ) -> Result<(), FillError> {
+        self.counters.fill_events.fetch_add(1, Ordering::Relaxed);
+        let end = offset.saturating_add(count).min(self.manifest.size);
+        if offset >= end {
+            self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        self.counters.bytes_accessed.fetch_add(end - offset, Ordering::Relaxed);
+        let span = chunk_index(offset, self.manifest.chunk_size)..=chunk_index(end - 1, self.manifest.chunk_size);
+        let mut first_look = true;
+        loop {
+            let (claim, others_fetching) = self.claim(span.clone());
+            if claim.indices.is_empty() && !others_fetching {
+                if first_look {
+                    self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+                }
+                return Ok(());
+            }
+            first_look = false;
+            if !claim.indices.is_empty() {
+                self.fetch_into(event_fd, claim, fetch).inspect_err(|_| {
+                    self.counters.failed_fills.fetch_add(1, Ordering::Relaxed);
+                })?;
+            }
+            if others_fetching {
+                self.wait_settled(span.clone());
+            }
+        }
+    }
+
+    fn fetch_into(&self, event_fd: BorrowedFd<'_>, mut claim: Claim<'_>, fetch: &FetchFn<'_>) -> Result<(), FillError> {
+        let indices = claim.indices.clone();
+        let mut results = fetch(&indices).into_iter();
+        let mut failure = None;
+        for index in indices {
+            let fetched = results.next().unwrap_or_else(|| Err("no result from the fetcher".to_owned()));
+            let stored = fetched.map_err(|reason| FillError::Fetch { index, reason }).and_then(|bytes| {
+                self.count_fetched(&bytes);
+                self.check_chunk(index, &bytes)?;
+                let (offset, _) = self.extent(index);
+                write_all_at(event_fd, &bytes, offset).map_err(|source| FillError::Write { index, source })
+            });
+            match stored {
+                Ok(()) => claim.settle(index, ChunkState::Present),
+                Err(e) => {
+                    claim.settle(index, ChunkState::Missing);
+                    failure.get_or_insert(e);
+                }
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Marks every missing chunk of `span` as ours to fetch; reports whether
+    /// other fillers are fetching some of the rest.
+    fn claim(&self, span: RangeInclusive<usize>) -> (Claim<'_>, bool) {
+        let mut chunks = self.lock();
+        let mut indices = Vec::new();
+        let mut others = false;
+        for index in span {
+            match chunks.states[index] {
+                ChunkState::Missing => {
+                    chunks.states[index] = ChunkState::Fetching;
+                    indices.push(index);
+                }
+                ChunkState::Fetching => others = true,
+                ChunkState::Present => {}
+            }
+        }
+        (Claim { file: self, indices }, others)
+    }
+
+    fn wait_settled(&self, span: RangeInclusive<usize>) {
+        let chunks = self.lock();
+        let _settled = self
+            .settled
+            .wait_while(chunks, |c| c.states[span.clone()].contains(&ChunkState::Fetching))
+            .unwrap_or_else(PoisonError::into_inner);
+    }
+
+    fn set_state(&self, index: usize, state: ChunkState) {
+        let mut chunks = self.lock();
+        let was_present = chunks.states[index] == ChunkState::Present;
+        chunks.states[index] = state;
+        match (was_present, state == ChunkState::Present) {
+            (false, true) => chunks.present += 1,
+            (true, false) => chunks.present -= 1,
+            _ => {}
+        }
+        drop(chunks);
+        self.settled.notify_all();
+        // The bitmap trails the data: losing this write only costs a refetch.
+        let mark = [u8::from(state == ChunkState::Present)];
+        let at = u64::try_from(index).unwrap_or(u64::MAX);
+        if let Err(e) = self.bitmap.write_all_at(&mark, at) {
+            tracing::warn!(layer = %self.hex, index, error = %e, "could not record a chunk's state");
+        }
+    }
+
+    fn check_chunk(&self, index: usize, bytes: &[u8]) -> Result<(), FillError> {
+        let (_, len) = self.extent(index);
+        if u64::try_from(bytes.len()).ok() != Some(len) {
+            return Err(FillError::Corrupt { index, reason: format!("{} bytes, expected {len}", bytes.len()) });
+        }
+        if Sha256::digest(bytes).as_slice() != self.digests[index] {
+            return Err(FillError::Corrupt { index, reason: "digest mismatch".to_owned() });
+        }
+        Ok(())
+    }
+
+    fn count_fetched(&self, bytes: &[u8]) {
+        self.counters.chunks_fetched.fetch_add(1, Ordering::Relaxed);
+        self.counters.bytes_fetched.fetch_add(u64::try_from(bytes.len()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    fn extent(&self, index: usize) -> (u64, u64) {
+        // Indices come from `chunk_index` over in-bounds offsets or from the
+        // state vector, both sized by the validated manifest.
+        self.manifest.chunk_extent(index).unwrap_or((self.manifest.size, 0))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Chunks> {
+        self.chunks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn stats(&self, leases: usize, mounted: bool) -> LayerStats {
+        let present_chunks = {
+            let chunks = self.lock();
+            (0..chunks.states.len()).filter(|&i| chunks.states[i] == ChunkState::Present).collect::<Vec<_>>()
+        };
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        LayerStats {
+            digest: self.manifest.digest.clone(),
+            size_bytes: self.manifest.size,
+            present_bytes: present_chunks.iter().map(|&i| self.extent(i).1).sum(),
+            bytes_accessed: load(&self.counters.bytes_accessed),
+            bytes_fetched: load(&self.counters.bytes_fetched),
+            chunks_fetched: load(&self.counters.chunks_fetched),
+            metadata_chunks_fetched: load(&self.counters.metadata_chunks_fetched),
+            cache_hits: load(&self.counters.cache_hits),
+            fill_events: load(&self.counters.fill_events),
+            failed_fills: load(&self.counters.failed_fills),
+            leases,
+            mounted,
+        }
+    }
+}
+
+/// Chunks one filler claimed; any it did not settle (a panic, an early
+/// return) go back to missing, so no other filler waits on them forever.
+struct Claim<'a> {
+    file: &'a LayerFile,
+    indices: Vec<usize>,
+}
+
+impl Claim<'_> {
+    fn settle(&mut self, index: usize, state: ChunkState) {
+        self.indices.retain(|&i| i != index);
+        self.file.set_state(index, state);
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        for index in std::mem::take(&mut self.indices) {
+            self.file.set_state(index, ChunkState::Missing);
+        }
+    }
+}
+
+struct Paths {
+    layer: PathBuf,
+    record: PathBuf,
+    bitmap: PathBuf,
+}
+
+impl Paths {
+    fn new(dir: &Path, hex: &str) -> Self {
+        Self {
+            layer: dir.join(format!("{hex}.erofs")),
+            record: dir.join(format!("{hex}.json")),
+            bitmap: dir.join(format!("{hex}.present")),
+        }
+    }
+}
+
+/// The `<hex>` of a cache file name the cache owns, if it is one.
+pub(crate) fn owned_file_hex(name: &str) -> Option<&str> {
+    let (hex, ext) = name.rsplit_once('.')?;
+    let is_hex = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    (is_hex && matches!(ext, "erofs" | "json" | "present")).then_some(hex)
+}
+
+fn chunk_index(offset: u64, chunk_size: u64) -> usize {
+    usize::try_from(offset / chunk_size).unwrap_or(usize::MAX)
+}
+
+fn parse_digest(digest: &str) -> Result<[u8; 32]> {
+    let hex = digest_hex(digest)?;
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        // digest_hex guarantees 64 lowercase hex digits.
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| corrupt(hex, "bad chunk digest"))?;
+    }
+    Ok(out)
+}
+
+fn corrupt(hex: &str, reason: &str) -> CacheError {
+    CacheError::Unusable { hex: hex.to_owned(), reason: reason.to_owned() }
+}
+
+fn create_sized(path: &Path, len: u64) -> Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .context(|| format!("creating {}", path.display()))?;
+    file.set_len(len).context(|| format!("sizing {}", path.display()))?;
+    Ok(file)
+}
+
+fn open_rw(path: &Path) -> Result<File> {
+    OpenOptions::new().read(true).write(true).open(path).context(|| format!("opening {}", path.display()))
+}
+
+fn read_at_most(file: &File, buf: &mut [u8]) -> std::io::Result<usize> {
+    read_at_most_at(file, buf, 0)
+}
+
+/// Reads until `buf` is full or the file ends.
+fn read_at_most_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        let at = offset + u64::try_from(done).unwrap_or(u64::MAX);
+        match file.read_at(&mut buf[done..], at) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+fn write_all_at(fd: BorrowedFd<'_>, mut bytes: &[u8], mut offset: u64) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        match rustix::io::pwrite(fd, bytes, offset) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                bytes = &bytes[n..];
+                offset += u64::try_from(n).unwrap_or(u64::MAX);
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,888 @@
+//! The lazy layer cache against the real kernel: file-backed EROFS mounts
+//! of sparse files, filled through fanotify pre-content events. Needs root,
+//! a 6.14+ kernel and `mkfs.erofs`.
+//!
+//! The tests take one lock each: they mount, spawn holder processes (this
+//! test binary re-run as `holder_process_entry_point`) and reopen cache
+//! directories, and a fork by one test would briefly hold another test's
+//! directory lock.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fs;
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{channel, TryRecvError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use warren_image::blob::{BlobError, ChunkSource};
+use warren_image::cache::{holder_main, CacheConfig, CacheError, HolderCommand, LayerCache};
+use warren_image::layer::{LayerManifest, LayerRole};
+
+const HOLDER_ENV: &str = "WARREN_TEST_CACHE_HOLDER";
+const CHILD_ENV: &str = "WARREN_TEST_CACHE_CHILD";
+const CHILD_READY: &str = "CACHE-CHILD-READY";
+const CHUNK: u64 = 64 * 1024;
+/// Bound on waiting for something the test needs to observe; reaching it
+/// fails the test, it never decides a pass.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Not a test: the holder process the caches under test start.
+#[test]
+fn holder_process_entry_point() {
+    if std::env::var_os(HOLDER_ENV).is_some() {
+        holder_main();
+    }
+}
+
+fn holder_command() -> HolderCommand {
+    HolderCommand {
+        program: std::env::current_exe().unwrap(),
+        args: ["holder_process_entry_point", "--exact", "--nocapture", "--test-threads=1"]
+            .iter()
+            .map(Into::into)
+            .collect(),
+        envs: vec![(HOLDER_ENV.into(), "1".into())],
+    }
+}
+
+// ---------------------------------------------------------------- layers
+
+/// An EROFS image built here, with what the tests need to know about it.
+struct Built {
+    image: Vec<u8>,
+    manifest: LayerManifest,
+    files: BTreeMap<String, Vec<u8>>,
+    /// Physical `(offset, len)` data extents of each regular file.
+    extents: BTreeMap<String, Vec<(u64, u64)>>,
+}
+
+impl Built {
+    fn chunks_of(&self, file: &str) -> BTreeSet<usize> {
+        self.extents[file]
+            .iter()
+            .flat_map(|&(offset, len)| (offset / CHUNK) as usize..=((offset + len - 1) / CHUNK) as usize)
+            .collect()
+    }
+
+    fn metadata_chunks(&self) -> BTreeSet<usize> {
+        self.manifest
+            .metadata_ranges
+            .iter()
+            .flat_map(|&(offset, len)| (offset / CHUNK) as usize..=((offset + len - 1) / CHUNK) as usize)
+            .collect()
+    }
+}
+
+/// Deterministic incompressible bytes.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect()
+}
+
+/// `count` data files of a few hundred KiB under `data/`, a small inline
+/// file and a nested directory.
+fn layer_files(seed: u64, count: usize) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    for i in 0..count {
+        let len = 200_000 + (i * 7919) % 150_000;
+        files.insert(format!("data/file{i:03}"), noise(seed * 1000 + i as u64, len));
+    }
+    files.insert("etc/hostname".into(), format!("layer-{seed}\n").into_bytes());
+    files.insert("usr/share/doc/readme".into(), b"lazy layers\n".to_vec());
+    files
+}
+
+fn build_layer(name: &str, files: BTreeMap<String, Vec<u8>>) -> Built {
+    let work = tempfile::tempdir().unwrap();
+    let tree = work.path().join("tree");
+    for (path, bytes) in &files {
+        let path = tree.join(path);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, bytes).unwrap();
+    }
+    let image_path = work.path().join("layer.erofs");
+    let out = Command::new("mkfs.erofs")
+        .args(["-T0", "-U", "6a8a1e32-55b3-4cfe-8c54-6a3b1d5e3c11"])
+        .arg(&image_path)
+        .arg(&tree)
+        .output()
+        .expect("mkfs.erofs (erofs-utils) is needed");
+    assert!(out.status.success(), "mkfs.erofs: {}", String::from_utf8_lossy(&out.stderr));
+    let image = fs::read(&image_path).unwrap();
+    let extents = data_extents(&image_path, work.path(), &files);
+    let size = image.len() as u64;
+    let metadata_ranges = complement(size, extents.values().flatten().copied().collect());
+    let chunks = image.chunks(CHUNK as usize).map(|c| format!("sha256:{}", hex(&Sha256::digest(c)))).collect();
+    let manifest = LayerManifest {
+        name: name.into(),
+        version: "1".into(),
+        role: LayerRole::Other,
+        digest: format!("sha256:{}", hex(&Sha256::digest(&image))),
+        size,
+        chunk_size: CHUNK,
+        chunks,
+        metadata_ranges,
+    };
+    manifest.validate().unwrap();
+    Built { image, manifest, files, extents }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Mounts the complete image and asks FIEMAP where each regular file's
+/// data lives. Inline tails (stored in the inode's metadata block) are
+/// metadata: EROFS reads them without raising events.
+fn data_extents(image: &Path, work: &Path, files: &BTreeMap<String, Vec<u8>>) -> BTreeMap<String, Vec<(u64, u64)>> {
+    let target = work.join("mnt");
+    fs::create_dir(&target).unwrap();
+    let mount = MountGuard::mount_erofs(image, &target);
+    let extents = files.keys().map(|path| (path.clone(), fiemap(&target.join(path)))).collect();
+    drop(mount);
+    extents
+}
+
+fn fiemap(path: &Path) -> Vec<(u64, u64)> {
+    const FS_IOC_FIEMAP: libc::c_ulong = 0xC020_660B;
+    const EXTENT_LAST: u32 = 0x1;
+    const EXTENT_DATA_INLINE: u32 = 0x200;
+    const SLOTS: usize = 32;
+    let file = fs::File::open(path).unwrap();
+    let mut out = Vec::new();
+    let mut start = 0u64;
+    loop {
+        // struct fiemap (32 bytes) + SLOTS * struct fiemap_extent (56 bytes), u64-aligned.
+        let mut buf = vec![0u64; 4 + 7 * SLOTS];
+        buf[0] = start;
+        buf[1] = u64::MAX - start;
+        buf[3] = SLOTS as u64; // fm_extent_count, low half on little endian
+                               // SAFETY: FS_IOC_FIEMAP reads the header and writes at most SLOTS
+                               // extents into `buf`, which is sized for exactly that.
+        let rc = unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_FIEMAP, buf.as_mut_ptr()) };
+        assert_eq!(rc, 0, "FIEMAP {}: {}", path.display(), std::io::Error::last_os_error());
+        let mapped = (buf[2] >> 32) as usize;
+        let mut last = mapped == 0;
+        for i in 0..mapped {
+            let e = &buf[4 + 7 * i..4 + 7 * (i + 1)];
+            let (logical, physical, len, flags) = (e[0], e[1], e[2], e[5] as u32);
+            if flags & EXTENT_DATA_INLINE == 0 {
+                out.push((physical, len));
+            }
+            start = logical + len;
+            last |= flags & EXTENT_LAST != 0;
+        }
+        if last {
+            return out;
+        }
+    }
+}
+
+/// `[0, size)` minus `data`, as sorted `(offset, len)`.
+fn complement(size: u64, mut data: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    data.sort();
+    let mut out = Vec::new();
+    let mut pos = 0;
+    for (offset, len) in data {
+        if offset > pos {
+            out.push((pos, offset - pos));
+        }
+        pos = pos.max(offset + len);
+    }
+    if pos < size {
+        out.push((pos, size - pos));
+    }
+    out
+}
+
+// ---------------------------------------------------------------- source
+
+/// Serves chunks from images in memory; counts fetches and can be told to
+/// fail or corrupt chunks.
+#[derive(Default)]
+struct TestSource {
+    images: Mutex<HashMap<String, Vec<u8>>>,
+    fetched: Mutex<Vec<(String, usize)>>,
+    failing: Mutex<HashSet<usize>>,
+    corrupt: Mutex<HashSet<usize>>,
+    /// Chunks whose fetch never completes; the first such fetch creates
+    /// `hang_marker`.
+    hanging: Mutex<HashSet<usize>>,
+    hang_marker: Mutex<Option<PathBuf>>,
+}
+
+impl TestSource {
+    fn with(layers: &[&Built]) -> Arc<Self> {
+        let source = Self::default();
+        for layer in layers {
+            source.images.lock().unwrap().insert(layer.manifest.digest.clone(), layer.image.clone());
+        }
+        Arc::new(source)
+    }
+
+    fn fetched(&self, layer: &Built) -> Vec<usize> {
+        let fetched = self.fetched.lock().unwrap();
+        fetched.iter().filter(|(d, _)| *d == layer.manifest.digest).map(|(_, i)| *i).collect()
+    }
+
+    fn forget_fetches(&self) {
+        self.fetched.lock().unwrap().clear();
+    }
+}
+
+#[async_trait]
+impl ChunkSource for TestSource {
+    async fn fetch_chunk(&self, layer: &LayerManifest, index: usize) -> Result<Bytes, BlobError> {
+        self.fetched.lock().unwrap().push((layer.digest.clone(), index));
+        if self.hanging.lock().unwrap().contains(&index) {
+            if let Some(marker) = self.hang_marker.lock().unwrap().as_ref() {
+                fs::write(marker, b"hanging").unwrap();
+            }
+            std::future::pending::<()>().await;
+        }
+        if self.failing.lock().unwrap().contains(&index) {
+            return Err(BlobError::NotFound(format!("chunk {index} (told to fail)")));
+        }
+        let images = self.images.lock().unwrap();
+        let image = images.get(&layer.digest).ok_or_else(|| BlobError::NotFound(layer.digest.clone()))?;
+        let start = index * CHUNK as usize;
+        let mut bytes = image[start..(start + CHUNK as usize).min(image.len())].to_vec();
+        if self.corrupt.lock().unwrap().contains(&index) {
+            bytes[0] ^= 0xff;
+        }
+        Ok(Bytes::from(bytes))
+    }
+}
+
+// ---------------------------------------------------------------- cleanup
+
+struct MountGuard(PathBuf);
+
+impl MountGuard {
+    fn mount_erofs(file: &Path, target: &Path) -> Self {
+        rustix::mount::mount(file, target, "erofs", rustix::mount::MountFlags::RDONLY, None).unwrap();
+        Self(target.to_owned())
+    }
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+    }
+}
+
+/// Owns a test's directories. Declared first in a test so it drops last,
+/// after the cache: kills the holder the cache left (if the test did not
+/// shut it down) and detaches every layer mount, even after a failure.
+struct Fixture {
+    tmp: tempfile::TempDir,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        Self { _serial: serial(), tmp: tempfile::tempdir().unwrap() }
+    }
+
+    fn cache_dir(&self) -> PathBuf {
+        self.tmp.path().join("cache")
+    }
+
+    fn config(&self, capacity_bytes: u64) -> CacheConfig {
+        CacheConfig { dir: self.cache_dir(), capacity_bytes, holder: holder_command(), fill_threads: 4 }
+    }
+
+    fn hang_marker(&self) -> PathBuf {
+        self.tmp.path().join("hanging")
+    }
+
+    fn holder_pid(&self) -> Option<i32> {
+        let record = fs::read(self.cache_dir().join("holder.json")).ok()?;
+        let value: serde_json::Value = serde_json::from_slice(&record).ok()?;
+        value["pid"].as_i64().map(|p| p as i32)
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if let Some(pid) = self.holder_pid() {
+            // SAFETY: plain syscalls on a pid this test's cache started.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+        if let Ok(listing) = fs::read_dir(self.cache_dir().join("mnt")) {
+            for entry in listing.flatten() {
+                let _ = rustix::mount::unmount(entry.path(), rustix::mount::UnmountFlags::DETACH);
+            }
+        }
+    }
+}
+
+fn erofs_mounts_at(path: &Path) -> usize {
+    let table = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    table.lines().filter(|l| l.split(' ').nth(4) == Some(path.to_str().unwrap()) && l.contains(" - erofs ")).count()
+}
+
+fn read(path: &Path) -> std::io::Result<Vec<u8>> {
+    fs::read(path)
+}
+
+/// The errno a read of `path` failed with, or a panic naming how much it read.
+fn read_errno(path: &Path) -> Option<i32> {
+    match read(path) {
+        Ok(bytes) => panic!("reading {} succeeded with {} bytes", path.display(), bytes.len()),
+        Err(e) => e.raw_os_error(),
+    }
+}
+
+// ---------------------------------------------------------------- tests
+
+/// Type-checked, never run: the cache is used from multi-threaded async
+/// handlers, so its futures must be `Send`.
+fn _cache_futures_are_send(cache: &LayerCache, manifest: &LayerManifest, lease: &warren_image::cache::LayerLease) {
+    fn send<T: Send>(_: T) {}
+    send(cache.acquire(manifest));
+    send(cache.fetch_all(lease));
+    send(LayerCache::open_with(CacheConfig::new("/nonexistent", 0).unwrap(), TestSource::with(&[])));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mount_lists_directories_before_any_data_chunk_is_fetched() {
+    let fx = Fixture::new();
+    let layer = build_layer("meta", layer_files(1, 24));
+    let source = TestSource::with(&[&layer]);
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    let prefetched: BTreeSet<usize> = source.fetched(&layer).into_iter().collect();
+    assert_eq!(prefetched, layer.metadata_chunks(), "the prefill fetched exactly the metadata chunks");
+    assert!(prefetched.len() < layer.manifest.chunks.len(), "the layer is not fetched whole");
+
+    let root = lease.mount_path();
+    let mut listed: Vec<String> =
+        fs::read_dir(root.join("data")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    listed.sort();
+    let expected: Vec<String> = layer.files.keys().filter_map(|p| p.strip_prefix("data/")).map(str::to_owned).collect();
+    assert_eq!(listed, expected);
+    for (path, bytes) in &layer.files {
+        assert_eq!(fs::metadata(root.join(path)).unwrap().len(), bytes.len() as u64);
+    }
+    // Small files live inline in their inode's block: metadata, already here.
+    assert_eq!(read(&root.join("etc/hostname")).unwrap(), layer.files["etc/hostname"]);
+    assert_eq!(source.fetched(&layer).len(), prefetched.len(), "listing and stat fetched nothing");
+
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_one_file_fetches_only_the_chunks_it_needs() {
+    let fx = Fixture::new();
+    let layer = build_layer("frac", layer_files(2, 48));
+    let source = TestSource::with(&[&layer]);
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    let prefetched: BTreeSet<usize> = source.fetched(&layer).into_iter().collect();
+    source.forget_fetches();
+
+    let name = "data/file017";
+    assert_eq!(read(&lease.mount_path().join(name)).unwrap(), layer.files[name]);
+
+    let fetched = source.fetched(&layer);
+    let unique: BTreeSet<usize> = fetched.iter().copied().collect();
+    assert_eq!(unique.len(), fetched.len(), "a chunk was fetched twice");
+    let needed: BTreeSet<usize> = layer.chunks_of(name).difference(&prefetched).copied().collect();
+    assert_eq!(unique, needed, "fetched chunks are exactly those under the file's data not already local");
+    let fetched_bytes = fetched.len() as u64 * CHUNK;
+    assert!(
+        fetched_bytes * 20 < layer.manifest.size,
+        "reading one of 48 files fetched {fetched_bytes} of {} bytes",
+        layer.manifest.size
+    );
+
+    let stats = cache.stats();
+    assert_eq!(stats.len(), 1);
+    let s = &stats[0];
+    assert_eq!(s.chunks_fetched, (prefetched.len() + fetched.len()) as u64);
+    assert_eq!(s.metadata_chunks_fetched, prefetched.len() as u64);
+    assert!(s.bytes_accessed >= layer.files[name].len() as u64 - CHUNK, "accessed {}", s.bytes_accessed);
+    assert!(s.fill_events > 0);
+    assert_eq!(s.failed_fills, 0);
+
+    // A second read is served by the kernel's caches: nothing fetched.
+    source.forget_fetches();
+    assert_eq!(read(&lease.mount_path().join(name)).unwrap(), layer.files[name]);
+    assert!(source.fetched(&layer).is_empty());
+
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_or_missing_chunk_fails_the_read_with_eio_until_the_source_is_fixed() {
+    let fx = Fixture::new();
+    let layer = build_layer("bad", layer_files(3, 8));
+    let source = TestSource::with(&[&layer]);
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    let metadata = layer.metadata_chunks();
+
+    let corrupt_file = "data/file002";
+    let corrupt: HashSet<usize> = layer.chunks_of(corrupt_file).difference(&metadata).copied().collect();
+    assert!(!corrupt.is_empty());
+    *source.corrupt.lock().unwrap() = corrupt.clone();
+    assert_eq!(read_errno(&lease.mount_path().join(corrupt_file)), Some(libc::EIO), "a corrupt chunk reads as EIO");
+
+    let missing_file = "data/file005";
+    let missing: HashSet<usize> = layer.chunks_of(missing_file).difference(&metadata).copied().collect();
+    *source.failing.lock().unwrap() = missing;
+    assert_eq!(
+        read_errno(&lease.mount_path().join(missing_file)),
+        Some(libc::EIO),
+        "an unfetchable chunk reads as EIO"
+    );
+    assert!(cache.stats()[0].failed_fills >= 2);
+
+    source.corrupt.lock().unwrap().clear();
+    source.failing.lock().unwrap().clear();
+    assert_eq!(read(&lease.mount_path().join(corrupt_file)).unwrap(), layer.files[corrupt_file]);
+    assert_eq!(read(&lease.mount_path().join(missing_file)).unwrap(), layer.files[missing_file]);
+
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_acquires_share_one_mount() {
+    let fx = Fixture::new();
+    let layer = build_layer("shared", layer_files(4, 6));
+    let source = TestSource::with(&[&layer]);
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+
+    let (a, b) = tokio::join!(cache.acquire(&layer.manifest), cache.acquire(&layer.manifest));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.mount_path(), b.mount_path());
+    assert_eq!(erofs_mounts_at(a.mount_path()), 1);
+    assert_eq!(source.fetched(&layer).len(), layer.metadata_chunks().len(), "metadata fetched once");
+    assert_eq!(cache.stats()[0].leases, 2);
+
+    let mount = a.mount_path().to_owned();
+    drop(a);
+    assert_eq!(read(&b.mount_path().join("data/file001")).unwrap(), layer.files["data/file001"]);
+    drop(b);
+    // The last lease makes the layer evictable; it does not unmount it.
+    assert_eq!(erofs_mounts_at(&mount), 1);
+    assert_eq!(cache.stats()[0].leases, 0);
+
+    cache.shutdown().await.unwrap();
+    assert_eq!(erofs_mounts_at(&mount), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_takes_the_least_recently_used_unleased_layer() {
+    let fx = Fixture::new();
+    let a = build_layer("a", layer_files(5, 6));
+    let b = build_layer("b", layer_files(6, 6));
+    let c = build_layer("c", layer_files(7, 4));
+    assert!(c.manifest.size <= a.manifest.size.min(b.manifest.size));
+    let source = TestSource::with(&[&a, &b, &c]);
+    let capacity = a.manifest.size + b.manifest.size;
+    let cache = LayerCache::open_with(fx.config(capacity), source.clone()).await.unwrap();
+    let file_of = |l: &Built| fx.cache_dir().join(format!("{}.erofs", &l.manifest.digest[7..]));
+
+    drop(cache.acquire(&a.manifest).await.unwrap());
+    let lease_b = cache.acquire(&b.manifest).await.unwrap();
+    let mount_b = lease_b.mount_path().to_owned();
+    drop(lease_b);
+    drop(cache.acquire(&a.manifest).await.unwrap()); // a is now the most recent
+
+    let lease_c = cache.acquire(&c.manifest).await.unwrap();
+    assert!(file_of(&a).exists(), "the recently used layer stays");
+    assert!(!file_of(&b).exists(), "the least recently used layer is evicted");
+    assert_eq!(erofs_mounts_at(&mount_b), 0, "and unmounted");
+    assert_eq!(read(&lease_c.mount_path().join("data/file003")).unwrap(), c.files["data/file003"]);
+
+    // With a and c leased nothing can make room for b.
+    let lease_a = cache.acquire(&a.manifest).await.unwrap();
+    match cache.acquire(&b.manifest).await {
+        Err(CacheError::CacheFull { .. }) => {}
+        other => panic!("expected CacheFull, got {other:?}"),
+    }
+    assert!(file_of(&a).exists() && file_of(&c).exists(), "leased layers survive a failed acquire");
+    assert_eq!(read(&lease_a.mount_path().join("data/file004")).unwrap(), a.files["data/file004"]);
+
+    drop((lease_a, lease_c));
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fully_fetched_layer_mounts_as_a_plain_erofs_file() {
+    let fx = Fixture::new();
+    let layer = build_layer("whole", layer_files(8, 10));
+    let source = TestSource::with(&[&layer]);
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+
+    cache.fetch_all(&lease).await.unwrap();
+    let stats = &cache.stats()[0];
+    assert_eq!(stats.present_bytes, layer.manifest.size);
+    assert_eq!(source.fetched(&layer).len(), layer.manifest.chunks.len(), "every chunk fetched exactly once");
+
+    // util-linux mount (which may attach a loop device): the file is a
+    // plain EROFS image now, as a VM's virtio-blk disk would see it.
+    let target = fx.tmp.path().join("plain");
+    fs::create_dir(&target).unwrap();
+    let status = Command::new("mount").args(["-t", "erofs", "-o", "ro"]).arg(lease.file_path()).arg(&target).status();
+    assert!(status.unwrap().success());
+    let _plain = MountGuard(target.clone());
+    for (path, bytes) in &layer.files {
+        assert_eq!(&read(&target.join(path)).unwrap(), bytes, "{path}");
+    }
+
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reopening_after_shutdown_reuses_verified_chunks_and_refetches_damaged_ones() {
+    let fx = Fixture::new();
+    let layer = build_layer("again", layer_files(9, 8));
+    let source = TestSource::with(&[&layer]);
+    let read_file = "data/file004";
+    let (file_path, first_pid) = {
+        let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+        let lease = cache.acquire(&layer.manifest).await.unwrap();
+        assert_eq!(read(&lease.mount_path().join(read_file)).unwrap(), layer.files[read_file]);
+        let ids = (lease.file_path().to_owned(), cache.holder_pid());
+        drop(lease);
+        cache.shutdown().await.unwrap();
+        ids
+    };
+    assert!(fx.holder_pid().is_none(), "shutdown ended the holder and removed its record");
+    assert!(!Path::new(&format!("/proc/{first_pid}")).exists());
+
+    // Damage one data chunk on disk while no cache runs.
+    let damaged = *layer.chunks_of(read_file).difference(&layer.metadata_chunks()).next().unwrap();
+    let mut bytes = fs::read(&file_path).unwrap();
+    bytes[damaged * CHUNK as usize] ^= 0xff;
+    fs::write(&file_path, &bytes).unwrap();
+
+    source.forget_fetches();
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+    assert!(!cache.adopted_holder());
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    assert!(source.fetched(&layer).is_empty(), "metadata was already local");
+    assert_eq!(read(&lease.mount_path().join(read_file)).unwrap(), layer.files[read_file]);
+    assert_eq!(source.fetched(&layer), vec![damaged], "only the damaged chunk is fetched again");
+
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_dies_is_replaced_while_the_cache_runs() {
+    let fx = Fixture::new();
+    let layer = build_layer("respawn", layer_files(10, 4));
+    let source = TestSource::with(&[&layer]);
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    let first = cache.holder_pid();
+    // SAFETY: signals the holder this test's cache started.
+    assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
+
+    let deadline = Instant::now() + PATIENCE;
+    while cache.holder_pid() == first {
+        assert!(Instant::now() < deadline, "no new holder");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = cache.holder_pid();
+    assert!(Path::new(&format!("/proc/{second}")).exists());
+    assert_eq!(fx.holder_pid(), Some(second), "the record names the new holder");
+    assert_eq!(read(&lease.mount_path().join("data/file001")).unwrap(), layer.files["data/file001"]);
+
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+/// What the crash child needs to open the same cache on the same layer.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ChildPlan {
+    cache_dir: PathBuf,
+    image: PathBuf,
+    manifest: LayerManifest,
+    /// Chunks the child's source never delivers.
+    hanging: Vec<usize>,
+    hang_marker: PathBuf,
+}
+
+/// Not a test: a cache process that mounts a layer, says so, and waits to
+/// be killed.
+#[test]
+fn crash_child_entry_point() {
+    let Some(plan) = std::env::var_os(CHILD_ENV) else { return };
+    let plan: ChildPlan = serde_json::from_slice(&fs::read(plan).unwrap()).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async {
+        let source = TestSource::default();
+        source.images.lock().unwrap().insert(plan.manifest.digest.clone(), fs::read(&plan.image).unwrap());
+        *source.hanging.lock().unwrap() = plan.hanging.into_iter().collect();
+        *source.hang_marker.lock().unwrap() = Some(plan.hang_marker);
+        let config =
+            CacheConfig { dir: plan.cache_dir, capacity_bytes: 1 << 30, holder: holder_command(), fill_threads: 2 };
+        let cache = LayerCache::open_with(config, Arc::new(source)).await.unwrap();
+        let lease = cache.acquire(&plan.manifest).await.unwrap();
+        println!("{CHILD_READY} {}", lease.mount_path().display());
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+        std::process::abort();
+    });
+}
+
+/// A cache running in another process, on the fixture's directory.
+struct CacheChild {
+    child: std::process::Child,
+    mount: PathBuf,
+}
+
+impl CacheChild {
+    /// Starts the child and waits until it has mounted `layer`.
+    fn start(fx: &Fixture, layer: &Built, hanging: &[usize]) -> Self {
+        let image = fx.tmp.path().join("image.erofs");
+        fs::write(&image, &layer.image).unwrap();
+        let plan = ChildPlan {
+            cache_dir: fx.cache_dir(),
+            image,
+            manifest: layer.manifest.clone(),
+            hanging: hanging.to_vec(),
+            hang_marker: fx.hang_marker(),
+        };
+        let plan_path = fx.tmp.path().join("plan.json");
+        fs::write(&plan_path, serde_json::to_vec(&plan).unwrap()).unwrap();
+        // The holder outlives the child; as subreaper this process inherits
+        // it and can reap it.
+        // SAFETY: prctl with integer arguments only.
+        assert_eq!(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) }, 0);
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["crash_child_entry_point", "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, &plan_path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // libtest prints "test <name> ... " without a newline before running
+        // the test, so the marker may sit mid-line.
+        let stdout = child.stdout.take().unwrap();
+        let (ready_tx, ready_rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some((_, path)) = line.split_once(CHILD_READY) {
+                    let _ = ready_tx.send(PathBuf::from(path.trim()));
+                }
+            }
+        });
+        match ready_rx.recv_timeout(PATIENCE) {
+            Ok(mount) => Self { child, mount },
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the child never mounted the layer: {e}");
+            }
+        }
+    }
+
+    /// Kills the cache process: no cleanup of any kind runs.
+    fn crash(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for CacheChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A thread of this process reading a whole file.
+struct Reader {
+    tid: i32,
+    done: std::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+}
+
+impl Reader {
+    fn start(path: PathBuf) -> Self {
+        let (tid_tx, tid_rx) = channel();
+        let (done_tx, done) = channel();
+        std::thread::spawn(move || {
+            tid_tx.send(rustix::thread::gettid().as_raw_nonzero().get()).unwrap();
+            let mut bytes = Vec::new();
+            let result = fs::File::open(&path).and_then(|mut f| f.read_to_end(&mut bytes)).map(|_| bytes);
+            let _ = done_tx.send(result);
+        });
+        Self { tid: tid_rx.recv().unwrap(), done }
+    }
+
+    /// Waits until the reader sleeps on a fanotify verdict; panics if the
+    /// read returns first.
+    fn wait_until_blocked(&self) {
+        let deadline = Instant::now() + PATIENCE;
+        while !waits_on_fanotify(self.tid) {
+            if let Ok(result) = self.done.try_recv() {
+                panic!("the read returned without a verdict: {:?}", result.map(|b| b.len()));
+            }
+            assert!(Instant::now() < deadline, "the reader never blocked on fanotify");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(matches!(self.done.try_recv(), Err(TryRecvError::Empty)), "the reader is still waiting");
+    }
+
+    async fn finish(self) -> std::io::Result<Vec<u8>> {
+        tokio::task::spawn_blocking(move || self.done.recv_timeout(PATIENCE))
+            .await
+            .unwrap()
+            .expect("the reader finished once a cache was back")
+    }
+}
+
+/// Whether thread `tid` of this process sleeps waiting for a fanotify verdict.
+fn waits_on_fanotify(tid: i32) -> bool {
+    let task = format!("/proc/self/task/{tid}");
+    let wchan = fs::read_to_string(format!("{task}/wchan")).unwrap_or_default();
+    let stack = fs::read_to_string(format!("{task}/stack")).unwrap_or_default();
+    wchan.contains("fanotify") || stack.contains("fanotify")
+}
+
+fn wait_for_file(path: &Path) {
+    let deadline = Instant::now() + PATIENCE;
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Shuts the adopting cache down and reaps the adopted holder, which this
+/// process inherited as subreaper.
+async fn shut_down_adopter(cache: LayerCache, mount: &Path, holder: i32) {
+    cache.shutdown().await.unwrap();
+    assert_eq!(erofs_mounts_at(mount), 0);
+    // SAFETY: waits for a process this test's child started and this
+    // process inherited.
+    assert_eq!(unsafe { libc::waitpid(holder, std::ptr::null_mut(), 0) }, holder);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_daemon_blocks_readers_until_a_new_cache_adopts_the_holder() {
+    let fx = Fixture::new();
+    let layer = build_layer("crash", layer_files(11, 12));
+    let child = CacheChild::start(&fx, &layer, &[]);
+    let mount = child.mount.clone();
+    child.crash();
+    let holder = fx.holder_pid().expect("the child recorded its holder");
+    assert!(Path::new(&format!("/proc/{holder}")).exists(), "the holder outlived the cache");
+    assert_eq!(erofs_mounts_at(&mount), 1, "the mount outlived the cache");
+
+    // A reader of data no daemon fetched yet must wait, not read zeros.
+    let name = "data/file007";
+    let reader = Reader::start(mount.join(name));
+    reader.wait_until_blocked();
+
+    // A new cache adopts the holder's group and answers the waiting reader.
+    let source = TestSource::with(&[&layer]);
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+    assert!(cache.adopted_holder());
+    assert_eq!(cache.holder_pid(), holder);
+    let bytes = reader.finish().await.unwrap();
+    assert!(bytes == layer.files[name], "the waiting reader got the file's bytes");
+    assert!(!source.fetched(&layer).is_empty(), "the adopting cache fetched the data");
+
+    // The surviving mount is the cache's again: leasable, then torn down.
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    assert_eq!(lease.mount_path(), mount);
+    assert_eq!(read(&mount.join("data/file003")).unwrap(), layer.files["data/file003"]);
+    drop(lease);
+    shut_down_adopter(cache, &mount, holder).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_the_dead_daemon_had_taken_is_answered_by_the_next_cache() {
+    let fx = Fixture::new();
+    let layer = build_layer("orphan", layer_files(12, 12));
+    let name = "data/file006";
+    let data: Vec<usize> = layer.chunks_of(name).difference(&layer.metadata_chunks()).copied().collect();
+    let child = CacheChild::start(&fx, &layer, &data);
+    let mount = child.mount.clone();
+
+    // The child's daemon takes the reader's event and hangs fetching it...
+    let reader = Reader::start(mount.join(name));
+    wait_for_file(&fx.hang_marker());
+    reader.wait_until_blocked();
+    // ...and dies holding it: no process will ever answer it by itself.
+    child.crash();
+    let holder = fx.holder_pid().expect("the child recorded its holder");
+
+    let source = TestSource::with(&[&layer]);
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+    assert!(cache.adopted_holder());
+    // The orphaned readahead event is denied with EIO; the kernel then
+    // retries the page alone, which raises an event the new daemon fills.
+    let bytes = reader.finish().await.unwrap();
+    assert!(bytes == layer.files[name], "the reader got the file's bytes");
+    assert_eq!(read(&mount.join(name)).unwrap(), layer.files[name]);
+    shut_down_adopter(cache, &mount, holder).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_holder_the_next_cache_remounts_the_layer_afresh() {
+    let fx = Fixture::new();
+    let layer = build_layer("lost", layer_files(13, 8));
+    let child = CacheChild::start(&fx, &layer, &[]);
+    let mount = child.mount.clone();
+    child.crash();
+    let holder = fx.holder_pid().expect("the child recorded its holder");
+    // With the holder gone too, the group is gone: the old mount no longer
+    // fails closed and must not be reused.
+    // SAFETY: signals and reaps the holder this process inherited.
+    unsafe {
+        assert_eq!(libc::kill(holder, libc::SIGKILL), 0);
+        assert_eq!(libc::waitpid(holder, std::ptr::null_mut(), 0), holder);
+    }
+    assert_eq!(erofs_mounts_at(&mount), 1);
+
+    let source = TestSource::with(&[&layer]);
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+    assert!(!cache.adopted_holder());
+    assert_ne!(cache.holder_pid(), holder);
+    assert_eq!(erofs_mounts_at(&mount), 0, "the stale mount was taken down");
+    let stats = cache.stats();
+    assert_eq!(stats.len(), 1, "the layer file was kept");
+    assert!(!stats[0].mounted);
+
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    assert!(source.fetched(&layer).is_empty(), "the metadata on disk passed its check");
+    let name = "data/file005";
+    assert_eq!(read(&lease.mount_path().join(name)).unwrap(), layer.files[name]);
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}

@@ -1,0 +1,124 @@
+//! Layered images: each layer one reproducible EROFS file in the blob store
+//! (chunked, content addressed), mounted once per node through the lazy layer
+//! cache and shared read-only by every sandbox that uses it.
+//!
+//! The node asks this module for an image's layer *directories* (the cache's
+//! mount points), so the container driver stacks them exactly as it stacks
+//! directory layers: an idmapped clone of each, under one overlay.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use warren_api::ImageInfo;
+use warren_image::blob::{BlobStore, ChunkSource, LayerMeta};
+use warren_image::cache::{CacheConfig, HolderCommand, LayerCache, LayerLease};
+use warren_image::erofs::{self, BuildOptions};
+use warren_image::layer::LayerRole;
+
+use crate::{new_id, now_ms, NodeError, Result};
+
+/// The tag every image gets until tags reach the API.
+const TAG: &str = "latest";
+/// Written by the cache while a fill holder runs (see `warren_image::cache`).
+const HOLDER_RECORD: &str = "holder.json";
+/// Default size bound of the node's layer cache.
+pub const DEFAULT_CACHE_BYTES: u64 = 32 << 30;
+
+pub struct LayeredImages {
+    blobs: BlobStore,
+    /// Opened on first use (it starts the fill holder), or at start when a
+    /// holder from an earlier run may still hold layers failing closed.
+    cache: tokio::sync::OnceCell<LayerCache>,
+    config: CacheConfig,
+    scratch: PathBuf,
+}
+
+fn image_err(context: &str, e: impl std::fmt::Display) -> NodeError {
+    NodeError::Internal(format!("{context}: {e}"))
+}
+
+impl LayeredImages {
+    /// The blob store under `<data>/blobs` (a local path; a mounted
+    /// distributed filesystem works the same) and the cache under
+    /// `<data>/layer-cache`, which adopts the fill holder a crash left.
+    pub async fn open(data_dir: &Path, holder: HolderCommand, cache_bytes: u64) -> Result<LayeredImages> {
+        let blobs = BlobStore::local(&data_dir.join("blobs")).map_err(|e| image_err("opening the blob store", e))?;
+        let config = CacheConfig {
+            holder,
+            ..CacheConfig::new(data_dir.join("layer-cache"), cache_bytes).map_err(|e| image_err("layer cache", e))?
+        };
+        let scratch = data_dir.join("tmp");
+        std::fs::create_dir_all(&scratch).map_err(|e| image_err("creating the scratch dir", e))?;
+        let earlier_run = config.dir.join(HOLDER_RECORD).exists();
+        let images = LayeredImages { blobs, cache: tokio::sync::OnceCell::new(), config, scratch };
+        if earlier_run {
+            images.cache().await?;
+        }
+        Ok(images)
+    }
+
+    async fn cache(&self) -> Result<&LayerCache> {
+        self.cache
+            .get_or_try_init(|| async {
+                let source: Arc<dyn ChunkSource> = Arc::new(self.blobs.clone());
+                LayerCache::open_with(self.config.clone(), source).await
+            })
+            .await
+            .map_err(|e| image_err("opening the layer cache", e))
+    }
+
+    /// Builds one EROFS layer from `dir`, pushes it and makes image `name` of it.
+    pub async fn import_dir(&self, name: &str, dir: &Path, role: LayerRole) -> Result<ImageInfo> {
+        warren_image::validate_name(name)
+            .map_err(|e| NodeError::Invalid(warren_api::ApiError::invalid("name", e.to_string())))?;
+        let version = format!("{}", now_ms());
+        let file = self.scratch.join(format!("{}.erofs", new_id("layer")));
+        let (src, dst) = (dir.to_path_buf(), file.clone());
+        let built = tokio::task::spawn_blocking(move || erofs::build_from_dir(&src, &dst, &BuildOptions::default()))
+            .await
+            .map_err(|e| image_err("layer build task", e))?;
+        let pushed = async {
+            let built = built.map_err(|e| image_err("building the EROFS layer", e))?;
+            let meta = LayerMeta { name: format!("{name}.layer"), version: version.clone(), role };
+            self.blobs.push_layer(&built.path, &meta).await.map_err(|e| image_err("pushing the layer", e))?;
+            self.blobs
+                .compose_image(name, TAG, &[(meta.name.as_str(), version.as_str())])
+                .await
+                .map_err(|e| image_err("composing the image", e))
+        }
+        .await;
+        let _ = std::fs::remove_file(&file);
+        let image = pushed?;
+        Ok(ImageInfo {
+            name: image.name.clone(),
+            layers: image.layers.iter().map(|l| format!("{}@{}", l.name, l.version)).collect(),
+            created_at_ms: now_ms(),
+        })
+    }
+
+    /// Whether an image of that name exists in the blob store.
+    pub async fn has(&self, name: &str) -> bool {
+        self.blobs.get_image_manifest(name, TAG).await.is_ok()
+    }
+
+    /// Unmounts every layer and ends the cache's fill holder; refused (and
+    /// everything left failing closed) while a layer is still leased.
+    pub async fn shutdown(self) -> Result<()> {
+        match self.cache.into_inner() {
+            Some(cache) => cache.shutdown().await.map_err(|e| image_err("shutting the layer cache down", e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Leases every layer of `name` (bottom first), each mounted and ready.
+    pub async fn acquire(&self, name: &str) -> Result<Vec<LayerLease>> {
+        let image =
+            self.blobs.get_image_manifest(name, TAG).await.map_err(|_| NodeError::ImageNotFound(name.to_string()))?;
+        let layers = self.blobs.image_layers(&image).await.map_err(|e| image_err("reading the image's layers", e))?;
+        let mut leases = Vec::with_capacity(layers.len());
+        for layer in &layers {
+            leases.push(self.cache().await?.acquire(layer).await.map_err(|e| image_err("preparing a layer", e))?);
+        }
+        Ok(leases)
+    }
+}

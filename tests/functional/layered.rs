@@ -1,0 +1,50 @@
+//! Layered images: a directory imported as an EROFS layer into the blob
+//! store starts sandboxes through the node's lazy layer cache - mounted once,
+//! shared read-only, with the sandbox's writes in its own upper layer.
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+use warren_tests::*;
+
+#[tokio::test]
+async fn an_erofs_image_starts_sandboxes_that_share_its_layer() {
+    let server = TestServer::start().await;
+    let rootfs = server.path().join("rootfs");
+    let (status, body) = server
+        .call(Method::POST, "/v1/images", Some(&json!({"name": "lazybox", "dir": rootfs, "format": "erofs"})))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    let one = server.create(small(json!({"image": "lazybox"}))).await;
+    let two = server.create(small(json!({"image": "lazybox"}))).await;
+    assert_eq!(
+        server.sh_ok(&one.id, "head -1 /etc/passwd; stat -c %u /bin/busybox").await,
+        "root:x:0:0:root:/root:/bin/sh\n0\n"
+    );
+    server.sh_ok(&one.id, "echo mine > /etc/motd").await;
+    let r = server.sh(&two.id, "cat /etc/motd").await;
+    assert_ne!(r.exit_code, Some(0), "writes stay in the writer's own upper layer: {r:?}");
+    let r = server.sh(&two.id, "echo x > /etc/group").await;
+    assert_eq!(r.exit_code, Some(0), "the overlay makes the image writable per sandbox: {r:?}");
+    assert_eq!(server.sh_ok(&one.id, "head -c 5 /etc/group").await, "root:", "...without touching the shared layer");
+
+    // One EROFS filesystem (one device) serves both sandboxes: each sees an
+    // idmapped clone of the cache's single mount.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let data = server.data_dir();
+    let erofs: Vec<&str> =
+        mounts.lines().filter(|l| l.contains(" - erofs ") && l.contains(data.to_str().unwrap())).collect();
+    let mut devices: Vec<&str> = erofs.iter().filter_map(|l| l.split_whitespace().nth(2)).collect();
+    devices.dedup();
+    assert_eq!(devices.len(), 1, "one shared layer filesystem: {erofs:#?}");
+    assert_eq!(erofs.len(), 3, "the cache's mount and one idmapped clone per sandbox: {erofs:#?}");
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn a_missing_layered_image_is_a_bad_request_naming_image() {
+    let server = TestServer::start().await;
+    let (status, body) = server.try_create(&small(json!({"image": "nowhere"}))).await;
+    assert_api_error(status, &body, warren_api::ErrorCode::InvalidRequest, Some("image"));
+    server.finish().await;
+}
