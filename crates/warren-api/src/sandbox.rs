@@ -286,6 +286,11 @@ pub enum ImageFormat {
     /// Layered: EROFS layer files in the chunked blob store, fetched lazily
     /// through the node's layer cache and mounted once per node.
     Erofs,
+    /// Layered, from an OCI image layout directory (each image layer one
+    /// EROFS base layer).
+    OciLayout,
+    /// Layered, from a `docker save` tarball (a file on the server's host).
+    DockerSave,
 }
 
 /// `GET /v1/images`.

@@ -51,7 +51,9 @@ pub async fn list_images(State(s): State<AppState>) -> ApiResult<Json<ImageList>
 #[serde(deny_unknown_fields)]
 pub struct ImportDirRequest {
     pub name: String,
-    /// Absolute path of a root filesystem directory on the server's host.
+    /// Absolute path on the server's host: a root filesystem directory, an
+    /// OCI layout directory, or (for `docker_save`) a tarball file.
+    #[serde(alias = "path")]
     pub dir: String,
     #[serde(default)]
     pub format: ImageFormat,
@@ -64,12 +66,16 @@ pub async fn import_image_dir(
     ApiJson(req): ApiJson<ImportDirRequest>,
 ) -> ApiResult<(StatusCode, Json<ImageInfo>)> {
     let dir = std::path::PathBuf::from(&req.dir);
-    if !dir.is_absolute() || !dir.is_dir() {
-        return Err(ApiError::invalid("dir", "must be an existing absolute directory on the server").into());
+    let wants_file = req.format == ImageFormat::DockerSave;
+    if !dir.is_absolute() || (wants_file && !dir.is_file()) || (!wants_file && !dir.is_dir()) {
+        let what = if wants_file { "file" } else { "directory" };
+        return Err(ApiError::invalid("dir", format!("must be an existing absolute {what} on the server")).into());
     }
     let info = match req.format {
         ImageFormat::Dir => s.node.import_image_dir(req.name, dir).await?,
         ImageFormat::Erofs => s.node.import_image_layered(req.name, dir).await?,
+        ImageFormat::OciLayout => s.node.import_image_oci(req.name, dir, false).await?,
+        ImageFormat::DockerSave => s.node.import_image_oci(req.name, dir, true).await?,
     };
     Ok((StatusCode::CREATED, Json(info)))
 }

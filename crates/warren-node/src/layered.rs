@@ -14,6 +14,7 @@ use warren_image::blob::{BlobStore, ChunkSource, LayerMeta};
 use warren_image::cache::{CacheConfig, HolderCommand, LayerCache, LayerLease};
 use warren_image::erofs::{self, BuildOptions};
 use warren_image::layer::LayerRole;
+use warren_image::oci;
 
 use crate::{new_id, now_ms, NodeError, Result};
 
@@ -88,6 +89,49 @@ impl LayeredImages {
         }
         .await;
         let _ = std::fs::remove_file(&file);
+        let image = pushed?;
+        Ok(ImageInfo {
+            name: image.name.clone(),
+            layers: image.layers.iter().map(|l| format!("{}@{}", l.name, l.version)).collect(),
+            created_at_ms: now_ms(),
+        })
+    }
+
+    /// Imports an OCI image layout directory or a `docker save` tarball: every
+    /// image layer becomes one EROFS base layer (whiteouts converted), pushed
+    /// and composed into image `name`.
+    pub async fn import_oci(&self, name: &str, source: &Path, docker_save: bool) -> Result<ImageInfo> {
+        warren_image::validate_name(name)
+            .map_err(|e| NodeError::Invalid(warren_api::ApiError::invalid("name", e.to_string())))?;
+        let out = self.scratch.join(new_id("oci"));
+        std::fs::create_dir_all(&out).map_err(|e| image_err("creating the import dir", e))?;
+        let (src, dst) = (source.to_path_buf(), out.clone());
+        let imported = tokio::task::spawn_blocking(move || {
+            let opts = BuildOptions::default();
+            if docker_save {
+                let file = std::fs::File::open(&src).map_err(|e| e.to_string())?;
+                oci::import_docker_save(file, None, &dst, &opts).map_err(|e| e.to_string())
+            } else {
+                oci::import_oci_layout(&src, None, &dst, &opts).map_err(|e| e.to_string())
+            }
+        })
+        .await
+        .map_err(|e| image_err("OCI import task", e))?;
+        let pushed = async {
+            let imported = imported.map_err(|e| NodeError::Invalid(warren_api::ApiError::invalid("dir", e)))?;
+            let version = format!("{}", now_ms());
+            let mut refs = Vec::new();
+            for (i, layer) in imported.layers.iter().enumerate() {
+                let meta =
+                    LayerMeta { name: format!("{name}.layer{i}"), version: version.clone(), role: LayerRole::Base };
+                self.blobs.push_layer(&layer.path, &meta).await.map_err(|e| image_err("pushing a layer", e))?;
+                refs.push(meta.name);
+            }
+            let pairs: Vec<(&str, &str)> = refs.iter().map(|n| (n.as_str(), version.as_str())).collect();
+            self.blobs.compose_image(name, TAG, &pairs).await.map_err(|e| image_err("composing the image", e))
+        }
+        .await;
+        let _ = std::fs::remove_dir_all(&out);
         let image = pushed?;
         Ok(ImageInfo {
             name: image.name.clone(),

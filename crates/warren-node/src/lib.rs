@@ -237,6 +237,14 @@ impl Node {
         Ok(self.store().put_json(Table::Sandboxes, &rec.info.id, rec)?)
     }
 
+    /// [`Node::save`] on the blocking pool, started at once: a durable commit
+    /// waits for the disk, which must not stall a runtime worker (and so
+    /// every other request on it). Await the handle for the outcome.
+    fn commit(&self, rec: SandboxRecord) -> tokio::task::JoinHandle<Result<()>> {
+        let node = self.clone();
+        tokio::task::spawn_blocking(move || node.save(&rec))
+    }
+
     pub fn sandboxes_running(&self) -> usize {
         self.live_map().len()
     }
@@ -304,7 +312,13 @@ impl Node {
             env: req.env.clone(),
             handle: None,
         };
-        self.save(&rec)?;
+        // Only a concurrent call with the same idempotency key can learn the
+        // id before this call returns, and it looks for this record. Without
+        // a key nobody can, and a crash midway leaves only what the startup
+        // sweep removes: the record would be a durable commit for nothing.
+        if req.idempotency_key.is_some() {
+            joined(self.commit(rec.clone()).await)?;
+        }
 
         let mut layer_leases = image.leases;
         let made = match self.claim_pooled(&pool_key).await {
@@ -344,7 +358,7 @@ impl Node {
                 rec.info.end_reason = Some(EndReason::CreateFailed);
                 rec.info.end_message = Some(e.to_string());
                 rec.info.ended_at_ms = Some(now_ms());
-                self.save(&rec)?;
+                joined(self.commit(rec.clone()).await)?;
                 if let Some(key) = &req.idempotency_key {
                     // Let a retry with the same key try again instead of replaying the failure.
                     let _ = self.store().delete(Table::Idempotency, key);
@@ -355,7 +369,7 @@ impl Node {
         rec.info.state = SandboxState::Running;
         rec.info.started_at_ms = Some(now_ms());
         rec.handle = Some(handle.clone());
-        self.save(&rec)?;
+        joined(self.commit(rec.clone()).await)?;
         let info = rec.info.clone();
         self.live_map().insert(id.clone(), Live::new(id, handle, driver, rec, layer_leases));
         drop(admitted);
@@ -443,12 +457,14 @@ impl Node {
             rec.info.state = SandboxState::Ending;
             rec.clone()
         };
-        self.save(&rec)?;
+        // Committed while the driver destroys, and always before `Ended`.
+        let ending = self.commit(rec);
         let execs: Vec<_> = live.execs.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
         for e in &execs {
             e.request_kill();
         }
         let destroyed = live.driver.destroy(&live.handle).await;
+        joined(ending.await)?;
         let mut rec = live.record().clone();
         rec.info.state = SandboxState::Ended;
         rec.info.end_reason = Some(reason);
@@ -459,7 +475,7 @@ impl Node {
             (Ok(()), m) => m,
         };
         rec.handle = None;
-        self.save(&rec)?;
+        joined(self.commit(rec.clone()).await)?;
         // Execs that were still running are recorded as killed by the platform.
         for e in execs {
             e.finish_without_process(ExecStatus::Killed);
@@ -522,9 +538,14 @@ impl Node {
         let node = self.clone();
         let driving = Arc::clone(&entry);
         tokio::spawn(async move {
-            // Recorded as running so that a restart can report it killed; off
-            // the request's path, since the record costs a durable commit.
-            node.persist_exec(&live.id, &driving);
+            // Recorded as running so that a restart can report it killed; on
+            // the blocking pool while the exec runs, since the record costs a
+            // durable commit. The final record waits for it, so it never
+            // overwrites the final one.
+            let running = {
+                let (node, sandbox, entry) = (node.clone(), live.id.clone(), Arc::clone(&driving));
+                tokio::task::spawn_blocking(move || node.persist_exec(&sandbox, &entry))
+            };
             let exit = Arc::clone(&driving).drive(process, stdin, deadline).await;
             if let (Some(mut session), Some(state)) = (session, exit.and_then(|e| e.session_state)) {
                 session.cwd = state.cwd;
@@ -535,7 +556,12 @@ impl Node {
             // Touch first: the reaper must never see "no exec running" with a stale activity time.
             live.touch();
             live.running_execs.fetch_sub(1, Ordering::SeqCst);
-            node.persist_exec(&live.id, &driving);
+            let _ = running.await;
+            let finished = {
+                let (node, sandbox, entry) = (node.clone(), live.id.clone(), Arc::clone(&driving));
+                tokio::task::spawn_blocking(move || node.persist_exec(&sandbox, &entry))
+            };
+            let _ = finished.await;
             // Finished execs are served from the store; memory holds only running ones.
             live.execs.lock().unwrap_or_else(|p| p.into_inner()).remove(&driving.id);
         });
@@ -733,6 +759,15 @@ impl Node {
             NodeError::Invalid(ApiError::invalid("format", "layered images are not enabled on this server"))
         })?;
         layered.import_dir(&name, &dir, warren_image::layer::LayerRole::Base).await
+    }
+
+    /// Imports an OCI image layout directory or a `docker save` tarball as a
+    /// layered image.
+    pub async fn import_image_oci(&self, name: String, source: PathBuf, docker_save: bool) -> Result<ImageInfo> {
+        let layered = self.layered().ok_or_else(|| {
+            NodeError::Invalid(ApiError::invalid("format", "layered images are not enabled on this server"))
+        })?;
+        layered.import_oci(&name, &source, docker_save).await
     }
 
     /// Replacing an image removes its old layer directories, which running
@@ -937,6 +972,12 @@ impl Drop for AdmissionTicket<'_> {
     fn drop(&mut self) {
         self.0.inner.creating.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// The outcome of a task on the blocking pool; a task that panicked is an
+/// internal error.
+fn joined<T>(outcome: std::result::Result<Result<T>, tokio::task::JoinError>) -> Result<T> {
+    outcome.map_err(|e| NodeError::Internal(format!("store task: {e}")))?
 }
 
 /// An image's layers as the driver wants them.
