@@ -13,7 +13,7 @@ use warren_api::ImageInfo;
 use warren_image::blob::{BlobStore, ChunkSource, LayerMeta};
 use warren_image::cache::{CacheConfig, HolderCommand, LayerCache, LayerLease};
 use warren_image::erofs::{self, BuildOptions};
-use warren_image::layer::LayerRole;
+use warren_image::layer::{ImageManifest, LayerRole};
 use warren_image::oci;
 
 use crate::{new_id, now_ms, NodeError, Result};
@@ -70,9 +70,21 @@ impl LayeredImages {
 
     /// Builds one EROFS layer from `dir`, pushes it and makes image `name` of it.
     pub async fn import_dir(&self, name: &str, dir: &Path, role: LayerRole) -> Result<ImageInfo> {
+        let meta = LayerMeta { name: format!("{name}.layer"), version: now_ms().to_string(), role };
+        self.build_and_publish(name, dir, meta, Vec::new()).await
+    }
+
+    /// Builds an EROFS layer from `dir`, pushes it as `meta`, and makes image
+    /// `name` = the layers `below` (name, version; bottom first) + it.
+    async fn build_and_publish(
+        &self,
+        name: &str,
+        dir: &Path,
+        meta: LayerMeta,
+        below: Vec<(String, String)>,
+    ) -> Result<ImageInfo> {
         warren_image::validate_name(name)
             .map_err(|e| NodeError::Invalid(warren_api::ApiError::invalid("name", e.to_string())))?;
-        let version = format!("{}", now_ms());
         let file = self.scratch.join(format!("{}.erofs", new_id("layer")));
         let (src, dst) = (dir.to_path_buf(), file.clone());
         let built = tokio::task::spawn_blocking(move || erofs::build_from_dir(&src, &dst, &BuildOptions::default()))
@@ -80,21 +92,14 @@ impl LayeredImages {
             .map_err(|e| image_err("layer build task", e))?;
         let pushed = async {
             let built = built.map_err(|e| image_err("building the EROFS layer", e))?;
-            let meta = LayerMeta { name: format!("{name}.layer"), version: version.clone(), role };
             self.blobs.push_layer(&built.path, &meta).await.map_err(|e| image_err("pushing the layer", e))?;
-            self.blobs
-                .compose_image(name, TAG, &[(meta.name.as_str(), version.as_str())])
-                .await
-                .map_err(|e| image_err("composing the image", e))
+            let mut pairs: Vec<(&str, &str)> = below.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+            pairs.push((meta.name.as_str(), meta.version.as_str()));
+            self.blobs.compose_image(name, TAG, &pairs).await.map_err(|e| image_err("composing the image", e))
         }
         .await;
         let _ = std::fs::remove_file(&file);
-        let image = pushed?;
-        Ok(ImageInfo {
-            name: image.name.clone(),
-            layers: image.layers.iter().map(|l| format!("{}@{}", l.name, l.version)).collect(),
-            created_at_ms: now_ms(),
-        })
+        Ok(image_info(&pushed?))
     }
 
     /// Imports an OCI image layout directory or a `docker save` tarball: every
@@ -132,12 +137,24 @@ impl LayeredImages {
         }
         .await;
         let _ = std::fs::remove_dir_all(&out);
-        let image = pushed?;
-        Ok(ImageInfo {
-            name: image.name.clone(),
-            layers: image.layers.iter().map(|l| format!("{}@{}", l.name, l.version)).collect(),
-            created_at_ms: now_ms(),
-        })
+        Ok(image_info(&pushed?))
+    }
+
+    /// A fresh, empty directory under the scratch dir; the caller removes it.
+    pub fn scratch_dir(&self) -> Result<PathBuf> {
+        let dir = self.scratch.join(new_id("pack"));
+        std::fs::create_dir(&dir).map_err(|e| image_err("creating a scratch dir", e))?;
+        Ok(dir)
+    }
+
+    /// Makes image `name` = the layers of image `base` + one new `diff` layer
+    /// built from `dir`. The base's layers are referenced, not copied.
+    pub async fn extend(&self, name: &str, base: &str, dir: &Path) -> Result<ImageInfo> {
+        let base =
+            self.blobs.get_image_manifest(base, TAG).await.map_err(|e| image_err("reading the base image", e))?;
+        let below = base.layers.iter().map(|l| (l.name.clone(), l.version.clone())).collect();
+        let meta = LayerMeta { name: format!("{name}.diff"), version: now_ms().to_string(), role: LayerRole::Diff };
+        self.build_and_publish(name, dir, meta, below).await
     }
 
     /// Whether an image of that name exists in the blob store.
@@ -164,5 +181,13 @@ impl LayeredImages {
             leases.push(self.cache().await?.acquire(layer).await.map_err(|e| image_err("preparing a layer", e))?);
         }
         Ok(leases)
+    }
+}
+
+fn image_info(image: &ImageManifest) -> ImageInfo {
+    ImageInfo {
+        name: image.name.clone(),
+        layers: image.layers.iter().map(|l| format!("{}@{}", l.name, l.version)).collect(),
+        created_at_ms: now_ms(),
     }
 }

@@ -700,6 +700,11 @@ impl Node {
         live.touch();
         self.check_image_unused(&req.image)?;
         let base = live.record().info.image.clone();
+        if self.inner.images.get(&base).is_err() {
+            if let Some(layered) = self.layered().filter(|_| !live._layers.is_empty()) {
+                return self.pack_layered(&layered, live, &base, req).await;
+            }
+        }
         let images = Arc::clone(&self.inner.images);
         let img = tokio::task::spawn_blocking(move || {
             let mut backend_error = None;
@@ -718,6 +723,29 @@ impl Node {
         .await
         .map_err(|e| NodeError::Internal(e.to_string()))??;
         Ok(records::image_info(img))
+    }
+
+    /// `pack_diff` of a sandbox on a layered image: its writable layer
+    /// becomes one more EROFS layer (role `diff`) over the same layers.
+    async fn pack_layered(
+        &self,
+        layered: &layered::LayeredImages,
+        live: Arc<Live>,
+        base: &str,
+        req: warren_api::PackRequest,
+    ) -> Result<ImageInfo> {
+        let dir = layered.scratch_dir()?;
+        let (snap_dir, scrub) = (dir.clone(), req.scrub.clone());
+        let snapped = tokio::task::spawn_blocking(move || live.driver.snapshot(&live.handle, &snap_dir, &scrub))
+            .await
+            .map_err(|e| NodeError::Internal(e.to_string()));
+        let packed = match snapped {
+            Ok(Ok(())) => layered.extend(&req.image, base, &dir).await,
+            Ok(Err(e)) => Err(NodeError::Backend(e)),
+            Err(e) => Err(e),
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        packed
     }
 
     // ---- images ----------------------------------------------------------
