@@ -6,14 +6,19 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 use warren_tests::*;
 
-#[tokio::test]
-async fn an_erofs_image_starts_sandboxes_that_share_its_layer() {
-    let server = TestServer::start().await;
+/// Imports the test rootfs as the layered image `lazybox`.
+async fn import_lazybox(server: &TestServer) {
     let rootfs = server.path().join("rootfs");
     let (status, body) = server
         .call(Method::POST, "/v1/images", Some(&json!({"name": "lazybox", "dir": rootfs, "format": "erofs"})))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+#[tokio::test]
+async fn an_erofs_image_starts_sandboxes_that_share_its_layer() {
+    let server = TestServer::start().await;
+    import_lazybox(&server).await;
 
     let one = server.create(small(json!({"image": "lazybox"}))).await;
     let two = server.create(small(json!({"image": "lazybox"}))).await;
@@ -52,11 +57,7 @@ async fn a_missing_layered_image_is_a_bad_request_naming_image() {
 #[tokio::test]
 async fn pack_of_a_layered_sandbox_adds_one_diff_layer() {
     let server = TestServer::start().await;
-    let rootfs = server.path().join("rootfs");
-    let (status, body) = server
-        .call(Method::POST, "/v1/images", Some(&json!({"name": "lazybox", "dir": rootfs, "format": "erofs"})))
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+    import_lazybox(&server).await;
     let sb = server.create(small(json!({"image": "lazybox"}))).await;
     server
         .sh_ok(&sb.id, "mkdir -p /work/tmp && echo solved > /work/answer && echo junk > /work/tmp/x && rm /etc/group")
@@ -75,5 +76,27 @@ async fn pack_of_a_layered_sandbox_adds_one_diff_layer() {
     assert_eq!(server.sh_ok(&child.id, "cat /work/answer; ls /work").await, "solved\nanswer\n");
     let r = server.sh(&child.id, "cat /etc/group").await;
     assert_ne!(r.exit_code, Some(0), "the deletion is carried as a whiteout: {r:?}");
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn image_stats_report_what_the_lazy_cache_fetched() {
+    let server = TestServer::start().await;
+    let (_, empty) = server.call(Method::GET, "/v1/images/stats", None).await;
+    assert_eq!(empty["layers"].as_array().map(Vec::len), Some(0), "nothing cached before first use: {empty}");
+    import_lazybox(&server).await;
+    let sb = server.create(small(json!({"image": "lazybox"}))).await;
+    server.sh_ok(&sb.id, "cat /bin/busybox > /dev/null").await;
+
+    let (status, stats) = server.call(Method::GET, "/v1/images/stats", None).await;
+    assert_eq!(status, StatusCode::OK, "{stats}");
+    let layers: Vec<warren_api::LayerCacheStats> = serde_json::from_value(stats["layers"].clone()).unwrap();
+    assert_eq!(layers.len(), 1, "{stats}");
+    let l = &layers[0];
+    assert!(l.mounted && l.leases >= 1, "{l:?}");
+    assert!(l.metadata_chunks_fetched >= 1 && l.chunks_fetched >= l.metadata_chunks_fetched, "{l:?}");
+    assert!(l.present_bytes <= l.size_bytes && l.bytes_fetched >= l.present_bytes, "{l:?}");
+    assert_eq!(l.failed_fills, 0, "{l:?}");
+    assert!(stats["store"]["chunks_uploaded"].as_u64() >= Some(1), "{stats}");
     server.finish().await;
 }

@@ -377,3 +377,44 @@ mod tests {
         assert_eq!(req.backend, Backend::Microvm);
     }
 }
+
+/// One layer in the node's layer cache (`GET /v1/images/stats`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LayerCacheStats {
+    /// `sha256:<hex>` of the layer file.
+    pub digest: String,
+    pub size_bytes: u64,
+    /// Bytes held locally (whole verified chunks).
+    pub present_bytes: u64,
+    /// Bytes readers asked for that were not local yet.
+    pub bytes_accessed: u64,
+    /// Bytes fetched from the blob store, metadata prefill included.
+    pub bytes_fetched: u64,
+    pub chunks_fetched: u64,
+    pub metadata_chunks_fetched: u64,
+    /// Fill events answered with EIO (a chunk could not be fetched or verified).
+    pub failed_fills: u64,
+    /// Sandboxes (and pool members) using the layer now.
+    pub leases: u64,
+    pub mounted: bool,
+}
+
+/// The blob store's counters since the server started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, Default)]
+pub struct BlobStoreStats {
+    pub chunks_fetched: u64,
+    pub bytes_fetched: u64,
+    /// Chunks refused for a wrong digest or length.
+    pub chunks_rejected: u64,
+    pub chunks_uploaded: u64,
+    pub bytes_uploaded: u64,
+    /// Chunks a push found already stored and did not send.
+    pub chunks_deduplicated: u64,
+}
+
+/// `GET /v1/images/stats`: what lazy loading fetched and served.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, Default)]
+pub struct ImageStats {
+    pub layers: Vec<LayerCacheStats>,
+    pub store: BlobStoreStats,
+}

@@ -46,6 +46,12 @@ pub async fn list_images(State(s): State<AppState>) -> ApiResult<Json<ImageList>
     Ok(Json(ImageList { images: s.node.images()? }))
 }
 
+/// Lazy-loading statistics: per cached layer and for the blob store.
+#[utoipa::path(get, path = "/v1/images/stats", responses((status = 200, body = ImageStats)))]
+pub async fn image_stats(State(s): State<AppState>) -> Json<ImageStats> {
+    Json(s.node.image_stats())
+}
+
 /// Import a directory on the server's machine as a one-layer image.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -32,6 +32,7 @@ pub fn router(node: Node) -> Router {
         .route("/v1/health", get(health))
         .route("/v1/openapi.json", get(openapi_json))
         .route("/v1/images", get(list_images).post(import_image_dir))
+        .route("/v1/images/stats", get(image_stats))
         .route("/v1/images/{name}/tar", axum::routing::put(import_image_tar))
         .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
         .route("/v1/sandboxes/{id}", get(get_sandbox).delete(delete_sandbox))

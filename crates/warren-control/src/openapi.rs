@@ -11,6 +11,7 @@ use crate::{files, handlers};
     paths(
         handlers::health,
         handlers::list_images,
+        handlers::image_stats,
         handlers::import_image_dir,
         handlers::import_image_tar,
         handlers::create_sandbox,

@@ -157,6 +157,37 @@ impl LayeredImages {
         self.build_and_publish(name, dir, meta, below).await
     }
 
+    /// Per-layer cache statistics and the blob store's counters.
+    pub fn stats(&self) -> warren_api::ImageStats {
+        let layers = self.cache.get().map(LayerCache::stats).unwrap_or_default();
+        let b = self.blobs.stats();
+        warren_api::ImageStats {
+            layers: layers
+                .into_iter()
+                .map(|l| warren_api::LayerCacheStats {
+                    digest: l.digest,
+                    size_bytes: l.size_bytes,
+                    present_bytes: l.present_bytes,
+                    bytes_accessed: l.bytes_accessed,
+                    bytes_fetched: l.bytes_fetched,
+                    chunks_fetched: l.chunks_fetched,
+                    metadata_chunks_fetched: l.metadata_chunks_fetched,
+                    failed_fills: l.failed_fills,
+                    leases: l.leases as u64,
+                    mounted: l.mounted,
+                })
+                .collect(),
+            store: warren_api::BlobStoreStats {
+                chunks_fetched: b.chunks_fetched,
+                bytes_fetched: b.bytes_fetched,
+                chunks_rejected: b.chunks_rejected,
+                chunks_uploaded: b.chunks_uploaded,
+                bytes_uploaded: b.bytes_uploaded,
+                chunks_deduplicated: b.chunks_deduplicated,
+            },
+        }
+    }
+
     /// Whether an image of that name exists in the blob store.
     pub async fn has(&self, name: &str) -> bool {
         self.blobs.get_image_manifest(name, TAG).await.is_ok()

@@ -781,6 +781,11 @@ impl Node {
         }
     }
 
+    /// What lazy loading fetched and served (empty without layered images).
+    pub fn image_stats(&self) -> warren_api::ImageStats {
+        self.layered().map(|l| l.stats()).unwrap_or_default()
+    }
+
     /// Imports `dir` as a layered image: one EROFS layer in the blob store.
     pub async fn import_image_layered(&self, name: String, dir: PathBuf) -> Result<ImageInfo> {
         let layered = self.layered().ok_or_else(|| {
