@@ -123,6 +123,10 @@ impl Client {
         self.json(self.req(Method::GET, &format!("/v1/sandboxes/{id}/files/list")).query(&[("path", path)])).await
     }
 
+    pub async fn image_stats(&self) -> Result<ImageStats> {
+        self.json(self.req(Method::GET, "/v1/images/stats")).await
+    }
+
     pub async fn images(&self) -> Result<ImageList> {
         self.json(self.req(Method::GET, "/v1/images")).await
     }

@@ -178,6 +178,8 @@ enum FilesCmd {
 #[derive(Subcommand)]
 enum ImageCmd {
     Ls,
+    /// Lazy-loading statistics: per cached layer, and the blob store's counters.
+    Stats,
     /// Import a root filesystem directory on the server's machine.
     ImportDir {
         name: String,
@@ -373,6 +375,30 @@ async fn real_main(cli: Cli) -> Result<i32> {
                         .map(|i| format!("{}  {} layer(s)", i.name, i.layers.len()))
                         .collect::<Vec<_>>()
                         .join("\n")
+                }),
+                ImageCmd::Stats => print(json, &client.image_stats().await?, |st| {
+                    let mut lines: Vec<String> = st
+                        .layers
+                        .iter()
+                        .map(|l| {
+                            format!(
+                                "{}  {} of {} bytes local, {} fetched, {} leases",
+                                &l.digest[..l.digest.len().min(19)],
+                                l.present_bytes,
+                                l.size_bytes,
+                                l.bytes_fetched,
+                                l.leases
+                            )
+                        })
+                        .collect();
+                    lines.push(format!(
+                        "store: {} chunks fetched ({} bytes), {} uploaded, {} deduplicated",
+                        st.store.chunks_fetched,
+                        st.store.bytes_fetched,
+                        st.store.chunks_uploaded,
+                        st.store.chunks_deduplicated
+                    ));
+                    lines.join("\n")
                 }),
                 ImageCmd::ImportDir { name, dir, format } => {
                     let dir = std::fs::canonicalize(dir).with_context(|| format!("no directory {}", dir.display()))?;
