@@ -32,6 +32,35 @@ pub fn container_prefix(pid: u32) -> String {
     format!("wb{pid}-")
 }
 
+/// The run's temp dir. Dropping it first detaches anything still mounted
+/// below it, so removing the tree can never reach into a mounted filesystem.
+pub struct Workdir {
+    dir: tempfile::TempDir,
+}
+
+impl Workdir {
+    pub fn create() -> Result<Workdir> {
+        let dir = tempfile::Builder::new()
+            .prefix(&own_prefix(std::process::id()))
+            .tempdir()
+            .map_err(|e| BenchError::io("create", std::env::temp_dir(), e))?;
+        Ok(Workdir { dir })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Workdir {
+    fn drop(&mut self) {
+        let detached = unmount_below(self.dir.path());
+        if detached > 0 {
+            eprintln!("warren-bench: cleanup: detached {detached} mounts below {}", self.dir.path().display());
+        }
+    }
+}
+
 /// A memory cgroup the benchmark made to count a peer's usage; removed on drop.
 pub struct CgroupDir {
     pub path: PathBuf,

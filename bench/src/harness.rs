@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::error::{BenchError, Result};
-use crate::host::{self, CpuSnapshot};
+use crate::host::{self, CpuSnapshot, CpuUse};
 use crate::results::{IdleMemory, Measured, Plan, Sustained};
 use crate::stats::{Failures, Latencies};
 
@@ -60,6 +60,51 @@ pub fn sequential(warmup: usize, n: usize, mut once: impl FnMut() -> Result<Dura
         }
     }
     Ok(Measured { value: lat, cpu: cpu.since()? })
+}
+
+/// Samples several lanes (one per contender and route) in rounds, so every
+/// lane sees the same background load: round `r` visits the lanes starting
+/// at lane `r % lanes`. Each lane first gets `warmup` unrecorded samples; a
+/// lane whose warm-up fails, or that keeps failing, drops out with its error
+/// while the others go on. Host CPU is read around every sample and summed
+/// per lane.
+pub fn interleaved(
+    warmup: usize,
+    n: usize,
+    lanes: usize,
+    mut sample: impl FnMut(usize) -> Result<Duration>,
+) -> Result<Vec<Result<Measured<Latencies>>>> {
+    let load_at_start = host::loadavg1();
+    let mut out: Vec<Result<(Latencies, CpuUse)>> =
+        (0..lanes).map(|_| Ok((Latencies::default(), CpuUse { load_at_start, ..CpuUse::default() }))).collect();
+    for (lane, slot) in out.iter_mut().enumerate() {
+        for _ in 0..warmup {
+            check_interrupt()?;
+            if let Err(e) = sample(lane) {
+                *slot = Err(e);
+                break;
+            }
+        }
+    }
+    for round in 0..n {
+        for k in 0..lanes {
+            check_interrupt()?;
+            let lane = (round + k) % lanes;
+            let Ok((lat, cpu)) = &mut out[lane] else { continue };
+            let before = CpuSnapshot::now()?;
+            let result = sample(lane);
+            cpu.add(&before.since()?);
+            match result {
+                Ok(d) => lat.push(d),
+                Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
+                Err(e) => lat.fail(e.to_string()),
+            }
+            if hopeless(lat) {
+                out[lane] = Err(give_up(lat));
+            }
+        }
+    }
+    Ok(out.into_iter().map(|r| r.map(|(value, cpu)| Measured { value, cpu })).collect())
 }
 
 /// `clients` threads repeat `once` until `duration` has passed; the rate is
@@ -127,6 +172,12 @@ pub trait IdleHolder: Sync {
     fn ready(&self, handles: &[Self::Handle]) -> Result<()>;
     fn usage(&self, handles: &[Self::Handle]) -> IdleUsage;
     fn stop(&self, worker: &mut Self::Worker, handle: Self::Handle) -> Result<()>;
+    /// True when a sandbox dies with the thread that started it (a parent-death
+    /// signal is tied to the thread, not the process): then all are started
+    /// one by one from the calling thread, which outlives them.
+    fn tied_to_starting_thread(&self) -> bool {
+        false
+    }
 }
 
 /// Starts `plan.idle` sandboxes with `plan.clients` threads, lets them
@@ -164,6 +215,9 @@ pub fn idle<T: IdleHolder>(plan: &Plan, holder: &T) -> Result<Measured<IdleMemor
 }
 
 fn start_all<T: IdleHolder>(holder: &T, workers: &mut [T::Worker], n: usize) -> (Vec<T::Handle>, Failures) {
+    if holder.tied_to_starting_thread() {
+        return start_here(holder, workers, n);
+    }
     let next = AtomicUsize::new(0);
     let handles = Mutex::new(Vec::with_capacity(n));
     let failures = Mutex::new(Failures::default());
@@ -187,6 +241,22 @@ fn start_all<T: IdleHolder>(holder: &T, workers: &mut [T::Worker], n: usize) -> 
         }
     });
     (handles.into_inner().unwrap_or_else(|p| p.into_inner()), failures.into_inner().unwrap_or_else(|p| p.into_inner()))
+}
+
+fn start_here<T: IdleHolder>(holder: &T, workers: &mut [T::Worker], n: usize) -> (Vec<T::Handle>, Failures) {
+    let mut handles = Vec::with_capacity(n);
+    let mut failures = Failures::default();
+    let Some(w) = workers.first_mut() else { return (handles, failures) };
+    for i in 0..n {
+        if crate::interrupted() || (handles.is_empty() && failures.count >= GIVE_UP_AFTER_FAILURES) {
+            break;
+        }
+        match holder.start(w, i) {
+            Ok(h) => handles.push(h),
+            Err(e) => failures.record(e.to_string()),
+        }
+    }
+    (handles, failures)
 }
 
 fn measure_idle<T: IdleHolder>(plan: &Plan, holder: &T, handles: &[T::Handle], m: &mut IdleMemory) -> Result<()> {
@@ -260,6 +330,25 @@ mod tests {
         let lat = m.unwrap().value;
         assert_eq!((lat.len(), lat.failures.count), (2, 2));
         assert!(sequential(0, 100, || Err(BenchError::parse("x", "always"))).is_err());
+    }
+
+    #[test]
+    fn interleaved_lanes_rotate_and_a_broken_lane_drops_out_alone() {
+        let mut order = Vec::new();
+        let got = interleaved(1, 3, 3, |lane| {
+            order.push(lane);
+            if lane == 2 {
+                Err(BenchError::parse("lane", "broken"))
+            } else {
+                Ok(Duration::from_millis(lane as u64 + 1))
+            }
+        })
+        .unwrap();
+        // Warm-up visits each lane once; lane 2 fails it and is never sampled again.
+        assert_eq!(order, vec![0, 1, 2, 0, 1, 1, 0, 0, 1]);
+        assert_eq!(got[0].as_ref().unwrap().value.len(), 3);
+        assert_eq!(got[1].as_ref().unwrap().value.p50(), Some(Duration::from_millis(2)));
+        assert!(got[2].is_err());
     }
 
     #[test]

@@ -33,6 +33,11 @@ pub fn machine() -> Machine {
     Machine { cpu_model, nproc, kernel, mem_total_bytes }
 }
 
+/// The 1-minute load average (runnable tasks, averaged), 0 when unreadable.
+pub fn loadavg1() -> f64 {
+    fs::read_to_string("/proc/loadavg").ok().and_then(|s| s.split_whitespace().next()?.parse().ok()).unwrap_or(0.0)
+}
+
 /// The three load averages, as `/proc/loadavg` prints them.
 pub fn loadavg() -> String {
     fs::read_to_string("/proc/loadavg")
@@ -95,13 +100,16 @@ pub fn settled_mem_snapshot() -> Result<MemSnapshot> {
 pub struct CpuSnapshot {
     busy_ticks: u64,
     at: Instant,
+    load: f64,
 }
 
 /// CPU time all of the host's CPUs spent busy over a stretch of wall time.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct CpuUse {
     pub busy: Duration,
     pub wall: Duration,
+    /// 1-minute load average when the stretch began: how much else wanted the CPUs.
+    pub load_at_start: f64,
 }
 
 /// Busy ticks from the `cpu` line of `/proc/stat`: everything but idle and iowait.
@@ -122,16 +130,25 @@ impl CpuSnapshot {
     pub fn now() -> Result<Self> {
         let stat = fs::read_to_string("/proc/stat").map_err(|e| BenchError::io("read", "/proc/stat", e))?;
         let busy_ticks = parse_busy_ticks(&stat).ok_or_else(|| BenchError::parse("/proc/stat", "no cpu line"))?;
-        Ok(CpuSnapshot { busy_ticks, at: Instant::now() })
+        Ok(CpuSnapshot { busy_ticks, at: Instant::now(), load: loadavg1() })
     }
 
     pub fn since(&self) -> Result<CpuUse> {
         let now = CpuSnapshot::now()?;
-        Ok(CpuUse { busy: ticks_to_duration(now.busy_ticks.saturating_sub(self.busy_ticks)), wall: now.at - self.at })
+        Ok(CpuUse {
+            busy: ticks_to_duration(now.busy_ticks.saturating_sub(self.busy_ticks)),
+            wall: now.at - self.at,
+            load_at_start: self.load,
+        })
     }
 }
 
 impl CpuUse {
+    /// Adds a later stretch: busy and wall time add up, the first start's load stays.
+    pub fn add(&mut self, later: &CpuUse) {
+        self.busy += later.busy;
+        self.wall += later.wall;
+    }
     /// Busy share of all CPUs, 0-100.
     pub fn percent_of_host(&self, nproc: usize) -> f64 {
         let capacity = self.wall.as_secs_f64() * nproc.max(1) as f64;
@@ -200,6 +217,12 @@ pub fn pid_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// Alive and not a zombie.
+pub fn pid_running(pid: u32) -> bool {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()).is_some_and(|state| state != "Z")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,7 +253,7 @@ mod tests {
 
     #[test]
     fn cpu_use_scales_to_host_and_ops() {
-        let u = CpuUse { busy: Duration::from_secs(1), wall: Duration::from_secs(1) };
+        let u = CpuUse { busy: Duration::from_secs(1), wall: Duration::from_secs(1), load_at_start: 0.0 };
         assert!((u.percent_of_host(2) - 50.0).abs() < 1e-9);
         assert_eq!(u.per_op(4), Some(Duration::from_millis(250)));
         assert_eq!(u.per_op(0), None);

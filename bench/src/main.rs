@@ -12,6 +12,7 @@
 
 mod cleanup;
 mod cmd;
+mod contest;
 mod error;
 mod harness;
 mod host;
@@ -24,12 +25,13 @@ mod stats;
 mod warren;
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 
+use contest::Contestant;
 use error::{BenchError, Result};
 use peers::Runtime;
 use results::{Contender, Outcome, Plan};
@@ -178,6 +180,54 @@ fn warren_missing(binary: &std::path::Path) -> Contender {
     c
 }
 
+/// Sets up every contender asked for, runs the measures, and returns the
+/// results in table order. A contender whose setup fails is reported as such.
+fn contend(args: &Args, plan: &Plan, workdir: &Path, rootfs: &Path) -> Result<Vec<Contender>> {
+    let binary = args.warren_bin.clone().unwrap_or_else(|| workspace_path("target/release/warren"));
+    let mut failed: Vec<(usize, Contender)> = Vec::new();
+    let mut warren = None;
+    if args.runs(Which::Warren) {
+        progress("starting the warren server");
+        let setup = warren::WarrenSetup { binary: &binary, workdir, rootfs };
+        match binary.is_file().then(|| warren::WarrenContestant::start(&setup, plan)) {
+            None => failed.push((0, warren_missing(&binary))),
+            Some(Ok(w)) => warren = Some(w),
+            Some(Err(BenchError::Interrupted)) => return Err(BenchError::Interrupted),
+            Some(Err(e)) => failed.push((0, warren::WarrenContestant::failed(&binary, &e))),
+        }
+    }
+    let mut bwrap = args.runs(Which::Bwrap).then(|| peers::BwrapContestant::new(rootfs));
+    let mut oci = Vec::new();
+    for (slot, which, runtime) in [(2, Which::Runc, Runtime::Runc), (3, Which::Crun, Runtime::Crun)] {
+        if args.runs(which) {
+            match peers::OciContestant::new(runtime, workdir, rootfs) {
+                Ok(o) => oci.push((slot, o)),
+                Err(e) => failed.push((slot, peers::OciContestant::failed(runtime, &e))),
+            }
+        }
+    }
+
+    let mut all: Vec<&mut dyn contest::Contestant> = Vec::new();
+    if let Some(w) = warren.as_mut() {
+        all.push(w);
+    }
+    if let Some(b) = bwrap.as_mut() {
+        all.push(b);
+    }
+    for (_, o) in oci.iter_mut() {
+        all.push(o);
+    }
+    contest::run_all(plan, &mut all)?;
+
+    let mut ordered: Vec<(usize, Contender)> = failed;
+    ordered.extend(warren.map(|w| (0, w.into_contender())));
+    ordered.extend(bwrap.map(|mut b| (1, std::mem::replace(b.contender(), Contender::new("", "")))));
+    ordered
+        .extend(oci.into_iter().map(|(slot, mut o)| (slot, std::mem::replace(o.contender(), Contender::new("", "")))));
+    ordered.sort_by_key(|(slot, _)| *slot);
+    Ok(ordered.into_iter().map(|(_, c)| c).collect())
+}
+
 fn run(args: &Args) -> Result<PathBuf> {
     let started = Instant::now();
     let (date, started_utc) = now_utc();
@@ -186,32 +236,12 @@ fn run(args: &Args) -> Result<PathBuf> {
     let machine = host::machine();
     let load_start = host::loadavg();
 
-    let workdir = tempfile::Builder::new()
-        .prefix(&cleanup::own_prefix(std::process::id()))
-        .tempdir()
-        .map_err(|e| BenchError::io("create", std::env::temp_dir(), e))?;
+    let workdir = cleanup::Workdir::create()?;
     let script = args.image_script.clone().unwrap_or_else(rootfs::default_script);
     progress("building the rootfs");
     let rootfs = rootfs::build(&script, &workdir.path().join("rootfs"))?;
 
-    let mut contenders = Vec::new();
-    if args.runs(Which::Warren) {
-        let binary = args.warren_bin.clone().unwrap_or_else(|| workspace_path("target/release/warren"));
-        contenders.push(if binary.is_file() {
-            let setup = warren::WarrenSetup { binary: &binary, workdir: workdir.path(), rootfs: &rootfs.dir };
-            warren::bench_warren(&plan, &setup)?
-        } else {
-            warren_missing(&binary)
-        });
-    }
-    if args.runs(Which::Bwrap) {
-        contenders.push(peers::bench_bwrap(&plan, &rootfs.dir)?);
-    }
-    for (which, runtime) in [(Which::Runc, Runtime::Runc), (Which::Crun, Runtime::Crun)] {
-        if args.runs(which) {
-            contenders.push(peers::bench_oci(runtime, &plan, workdir.path(), &rootfs.dir)?);
-        }
-    }
+    let contenders = contend(args, &plan, workdir.path(), &rootfs.dir)?;
 
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let text = report::render(&report::Run {

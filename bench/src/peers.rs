@@ -14,23 +14,15 @@ use rustix::thread::{move_into_link_name_space, LinkNameSpaceType};
 
 use crate::cleanup::{self, CgroupDir};
 use crate::cmd;
+use crate::contest::Contestant;
 use crate::error::{BenchError, Result};
 use crate::harness::{self, IdleHolder, IdleUsage};
 use crate::host;
 use crate::oci;
-use crate::results::{Contender, Measured, Outcome, Part, Plan};
+use crate::results::{Contender, IdleMemory, Measured, Outcome, Plan, Sustained};
 
 /// How long idle sandboxes may take to reach their `sleep`.
 const READY_LIMIT: Duration = Duration::from_secs(120);
-
-/// Turns a measure's result into its outcome; only an interrupt ends the run.
-pub fn settle<T>(r: Result<Measured<T>>) -> Result<Outcome<T>> {
-    match r {
-        Ok(m) => Ok(Outcome::Done(m)),
-        Err(BenchError::Interrupted) => Err(BenchError::Interrupted),
-        Err(e) => Ok(Outcome::Failed(e.to_string())),
-    }
-}
 
 // ---- bubblewrap ----------------------------------------------------------------
 
@@ -107,7 +99,13 @@ impl IdleHolder for BwrapIdle<'_> {
     }
 
     fn ready(&self, handles: &[BwrapChild]) -> Result<()> {
-        wait_for_sleepers(&self.cgroup.path, handles.len())
+        wait_for_sleepers(&self.cgroup.path, handles.len()).map_err(|e| {
+            let gone = handles.iter().filter(|h| !host::pid_running(h.0.id())).count();
+            BenchError::Unexpected {
+                op: "idle bwrap".into(),
+                detail: format!("{e}; {gone} bwrap processes have exited"),
+            }
+        })
     }
 
     fn usage(&self, _: &[BwrapChild]) -> IdleUsage {
@@ -120,6 +118,12 @@ impl IdleHolder for BwrapIdle<'_> {
 
     fn stop(&self, _: &mut (), h: BwrapChild) -> Result<()> {
         h.stop()
+    }
+
+    /// bwrap sets a parent-death signal on itself, and the "parent" the
+    /// kernel watches is the thread that forked it.
+    fn tied_to_starting_thread(&self) -> bool {
+        true
     }
 }
 
@@ -146,23 +150,46 @@ fn wait_for_sleepers(cgroup: &Path, n: usize) -> Result<()> {
     }
 }
 
-pub fn bench_bwrap(plan: &Plan, rootfs: &Path) -> Result<Contender> {
-    let bwrap = Bwrap::new(rootfs);
-    let mut c = Contender::new("bwrap", host::tool_version("bwrap", &["--version"]));
-    c.commands.push(("cold".into(), cmd::describe(&bwrap.command(&["true"]))));
-    c.commands.push(("idle".into(), cmd::describe(&bwrap.command(&["sleep", "1d"]))));
-    crate::progress("bwrap: cold");
-    c.cold = settle(harness::sequential(plan.warmup, plan.samples, || bwrap.cold()))?;
-    c.exec = Outcome::skipped("bwrap has no way to run a second command in a running sandbox");
-    crate::progress("bwrap: sustained");
-    c.sustained = settle(harness::sustained(plan.clients, plan.sustain, || Ok(()), |_| bwrap.cold()))?;
-    crate::progress("bwrap: idle");
-    let cgroup_name = format!("{}bwrap", cleanup::own_prefix(std::process::id()));
-    c.idle = match CgroupDir::create(&cgroup_name) {
-        Ok(cgroup) => settle(harness::idle(plan, &BwrapIdle { bwrap: &bwrap, cgroup }))?,
-        Err(e) => Outcome::Failed(e.to_string()),
-    };
-    Ok(c)
+/// bwrap as a contestant: cold cycle, sustained cycles, idle sandboxes.
+pub struct BwrapContestant {
+    bwrap: Bwrap,
+    c: Contender,
+}
+
+impl BwrapContestant {
+    pub fn new(rootfs: &Path) -> Self {
+        let bwrap = Bwrap::new(rootfs);
+        let mut c = Contender::new("bwrap", host::tool_version("bwrap", &["--version"]));
+        c.commands.push(("cold".into(), cmd::describe(&bwrap.command(&["true"]))));
+        c.commands.push(("sustained".into(), "each client: the cold command, again and again".into()));
+        c.commands.push(("idle".into(), cmd::describe(&bwrap.command(&["sleep", "1d"]))));
+        c.exec = Outcome::skipped("bwrap has no way to run a second command in a running sandbox");
+        BwrapContestant { bwrap, c }
+    }
+}
+
+impl Contestant for BwrapContestant {
+    fn contender(&mut self) -> &mut Contender {
+        &mut self.c
+    }
+
+    fn cold_routes(&self) -> Vec<String> {
+        vec!["bwrap ... true".into()]
+    }
+
+    fn cold(&mut self, _: usize) -> Result<Duration> {
+        self.bwrap.cold()
+    }
+
+    fn sustain(&mut self, clients: usize, window: Duration) -> Result<Measured<Sustained>> {
+        let bwrap = &self.bwrap;
+        harness::sustained(clients, window, || Ok(()), |_| bwrap.cold())
+    }
+
+    fn idle(&mut self, plan: &Plan) -> Result<Measured<IdleMemory>> {
+        let cgroup = CgroupDir::create(&format!("{}bwrap", cleanup::own_prefix(std::process::id())))?;
+        harness::idle(plan, &BwrapIdle { bwrap: &self.bwrap, cgroup })
+    }
 }
 
 // ---- runc and crun ------------------------------------------------------------------
@@ -329,8 +356,8 @@ impl Oci {
         Ok((container, pid.as_raw_nonzero().get() as u32))
     }
 
-    pub fn exec(&self, container: &Container<'_>) -> Result<Duration> {
-        cmd::run_timed(self.command().arg("exec").arg(&container.id).arg("true"))
+    pub fn exec(&self, id: &str) -> Result<Duration> {
+        cmd::run_timed(self.command().args(["exec", id, "true"]))
     }
 
     fn delete(&self, id: &str) -> Result<()> {
@@ -391,6 +418,13 @@ impl Container<'_> {
     pub fn delete(mut self) -> Result<()> {
         self.deleted = true;
         self.oci.delete(&self.id)
+    }
+
+    /// Hands the container over to the caller, who deletes it by id (and
+    /// the runtime's guard deletes whatever of ours is left at the end).
+    pub fn keep(mut self) -> String {
+        self.deleted = true;
+        std::mem::take(&mut self.id)
     }
 }
 
@@ -453,39 +487,78 @@ impl<'a> IdleHolder for OciIdle<'a> {
     }
 }
 
-pub fn bench_oci(runtime: Runtime, plan: &Plan, workdir: &Path, rootfs: &Path) -> Result<Contender> {
-    let name = runtime.name();
-    let mut c = Contender::new(name, host::tool_version(name, &["--version"]));
-    let oci = match Oci::new(runtime, workdir, rootfs) {
-        Ok(oci) => oci,
-        Err(e) => {
-            c.cold = Outcome::Failed(format!("setup: {e}"));
-            return Ok(c);
-        }
-    };
-    describe_oci(&mut c, &oci);
-    crate::progress(&format!("{name}: cold"));
-    c.cold = settle(harness::sequential(plan.warmup, plan.samples, || oci.run_once()))?;
-    let split = settle(harness::sequential(plan.warmup, plan.samples, || oci.create_start_delete()))?;
-    c.parts.push(Part {
-        name: format!("cold, split: `{name} create` + `start` + wait + `delete`"),
-        latencies: split,
-        own_cpu: true,
-    });
-    crate::progress(&format!("{name}: exec"));
-    c.exec = settle(measure_exec(&oci, plan))?;
-    crate::progress(&format!("{name}: sustained"));
-    c.sustained = settle(harness::sustained(plan.clients, plan.sustain, || Ok(()), |_| oci.run_once()))?;
-    crate::progress(&format!("{name}: idle"));
-    c.idle = settle(harness::idle(plan, &OciIdle { oci: &oci }))?;
-    Ok(c)
+/// runc or crun as a contestant: `run` and the split route for the cold
+/// cycle, `exec` into a sleeping container, sustained `run`s, idle containers.
+pub struct OciContestant {
+    oci: Oci,
+    exec_target: Option<String>,
+    c: Contender,
 }
 
-fn measure_exec(oci: &Oci, plan: &Plan) -> Result<Measured<crate::stats::Latencies>> {
-    let (target, _) = oci.start_sleeper()?;
-    let measured = harness::sequential(plan.warmup, plan.exec_samples, || oci.exec(&target));
-    target.delete()?;
-    measured
+impl OciContestant {
+    pub fn new(runtime: Runtime, workdir: &Path, rootfs: &Path) -> Result<Self> {
+        let name = runtime.name();
+        let mut c = Contender::new(name, host::tool_version(name, &["--version"]));
+        let oci = Oci::new(runtime, workdir, rootfs)?;
+        describe_oci(&mut c, &oci);
+        Ok(OciContestant { oci, exec_target: None, c })
+    }
+
+    /// The contender with the setup error, when the runtime cannot be set up.
+    pub fn failed(runtime: Runtime, e: &BenchError) -> Contender {
+        let mut c = Contender::new(runtime.name(), host::tool_version(runtime.name(), &["--version"]));
+        c.cold = Outcome::Failed(format!("setup: {e}"));
+        c
+    }
+}
+
+impl Contestant for OciContestant {
+    fn contender(&mut self) -> &mut Contender {
+        &mut self.c
+    }
+
+    fn cold_routes(&self) -> Vec<String> {
+        let name = self.oci.runtime.name();
+        vec![format!("{name} run"), format!("split: {name} create + start + wait + delete")]
+    }
+
+    fn cold(&mut self, route: usize) -> Result<Duration> {
+        if route == 0 {
+            self.oci.run_once()
+        } else {
+            self.oci.create_start_delete()
+        }
+    }
+
+    fn exec_start(&mut self) -> Result<bool> {
+        let (target, _) = self.oci.start_sleeper()?;
+        self.exec_target = Some(target.keep());
+        Ok(true)
+    }
+
+    fn exec(&mut self) -> Result<Duration> {
+        let id = self
+            .exec_target
+            .as_deref()
+            .ok_or_else(|| BenchError::Unexpected { op: "exec".into(), detail: "no target container".into() })?;
+        self.oci.exec(id)
+    }
+
+    fn exec_stop(&mut self) -> Result<()> {
+        match self.exec_target.take() {
+            Some(id) => self.oci.delete(&id),
+            None => Ok(()),
+        }
+    }
+
+    fn sustain(&mut self, clients: usize, window: Duration) -> Result<Measured<Sustained>> {
+        let oci = &self.oci;
+        harness::sustained(clients, window, || Ok(()), |_| oci.run_once())
+    }
+
+    fn idle(&mut self, plan: &Plan) -> Result<Measured<IdleMemory>> {
+        harness::idle(plan, &OciIdle { oci: &self.oci })
+    }
 }
 
 fn describe_oci(c: &mut Contender, oci: &Oci) {
@@ -504,7 +577,8 @@ fn describe_oci(c: &mut Contender, oci: &Oci) {
             b(&oci.oneshot)
         ),
     ));
-    c.commands.push(("exec".into(), format!("{name} exec <id> true (in a `sleep 1d` container)")));
+    c.commands.push(("exec".into(), format!("{name} exec <id> true  # into a container running sleep 1d")));
+    c.commands.push(("sustained".into(), format!("each client: {name} run as for cold, again and again")));
     c.commands.push(("idle".into(), format!("{name} run --detach --bundle {} --pid-file F <id>", b(&oci.sleeper))));
     c.notes.push(format!("bundles from `runc spec`, root.path = the shared rootfs (read-only), terminal false{ns}"));
 }
@@ -527,6 +601,44 @@ mod tests {
         assert!(cmd::run(&mut b.command(&["/bin/does-not-exist"])).is_err());
     }
 
+    fn small_plan() -> Plan {
+        Plan {
+            samples: 1,
+            warmup: 0,
+            exec_samples: 1,
+            sustain: Duration::from_millis(10),
+            clients: 3,
+            idle: 5,
+            idle_cpu_window: Duration::from_millis(10),
+            settle: Duration::from_millis(300),
+            pool_size: 1,
+        }
+    }
+
+    #[test]
+    fn idle_bwrap_sandboxes_outlive_the_threads_and_are_all_stopped() {
+        let (_tmp, root) = rootfs();
+        let bwrap = Bwrap::new(&root);
+        let name = format!("{}bwrap-test", cleanup::own_prefix(std::process::id()));
+        let holder = BwrapIdle { bwrap: &bwrap, cgroup: CgroupDir::create(&name).unwrap() };
+        let m = harness::idle(&small_plan(), &holder).unwrap().value;
+        assert_eq!((m.started, m.start_failures.count, m.stop_failures.count), (5, 0, 0));
+        assert!(m.cgroup_bytes.is_some_and(|b| b > 0));
+        let left = fs::read_to_string(holder.cgroup.path.join("cgroup.procs")).unwrap();
+        assert!(left.trim().is_empty(), "still in the cgroup: {left}");
+    }
+
+    #[test]
+    fn idle_crun_containers_are_counted_and_deleted() {
+        let (tmp, root) = rootfs();
+        let oci = Oci::new(Runtime::Crun, tmp.path(), &root).unwrap();
+        let m = harness::idle(&small_plan(), &OciIdle { oci: &oci }).unwrap().value;
+        assert_eq!((m.started, m.stop_failures.count), (5, 0));
+        assert!(m.cgroup_bytes.is_some_and(|b| b > 0), "{}", m.cgroup_source);
+        let list = oci.command().args(["list", "-q"]).output().unwrap();
+        assert!(!String::from_utf8_lossy(&list.stdout).contains(&oci.prefix));
+    }
+
     #[test]
     fn runc_cycles_execs_and_cleans_up() {
         let (tmp, root) = rootfs();
@@ -534,7 +646,7 @@ mod tests {
         oci.run_once().unwrap();
         oci.create_start_delete().unwrap();
         let (target, pid) = oci.start_sleeper().unwrap();
-        oci.exec(&target).unwrap();
+        oci.exec(&target.id).unwrap();
         assert!(host::pid_alive(pid));
         let id = target.id.clone();
         drop(target);
@@ -549,7 +661,7 @@ mod tests {
         oci.run_once().unwrap();
         oci.create_start_delete().unwrap();
         let (target, _) = oci.start_sleeper().unwrap();
-        oci.exec(&target).unwrap();
+        oci.exec(&target.id).unwrap();
         target.delete().unwrap();
         // Outside the namespace crun refuses this hybrid host, which is why the namespace exists.
         let outside =

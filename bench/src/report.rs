@@ -71,8 +71,11 @@ fn header(out: &mut String, run: &Run<'_>) {
     let _ = writeln!(
         out,
         "- Plan: {} cold/warm samples after {} unrecorded warm-up cycles; {} exec samples; {} s sustained with {} \
-         clients; {} idle sandboxes; warm pool of {}. Samples run one after another on an otherwise idle \
-         contender; percentiles are nearest-rank (every figure is a measured sample).",
+         clients; {} idle sandboxes; warm pool of {}. Cold and exec samples are interleaved round by round \
+         across the contenders (one sample at a time, rotating who goes first), and the sustained window is cut \
+         into slices the contenders take in turn, so all of them see the same background load; idle memory and \
+         the warm pool are measured one contender at a time. Percentiles are nearest-rank (every figure is a \
+         measured sample).",
         p.samples,
         p.warmup,
         p.exec_samples,
@@ -108,49 +111,91 @@ fn verdict(met: Option<bool>) -> &'static str {
     }
 }
 
+fn p50_of(l: Option<&Latencies>) -> String {
+    stats::opt_ms(l.and_then(Latencies::p50))
+}
+
 fn targets(out: &mut String, run: &Run<'_>) {
-    let _ = writeln!(out, "## Targets\n\n| target | measured | verdict |\n|---|---|---|");
+    let _ =
+        writeln!(out, "## Targets\n\n| target | measured | verdict | what the figure is made of |\n|---|---|---|---|");
     let w = warren(run);
     let cold_w = w.and_then(|c| lat(&c.cold)).and_then(Latencies::p50);
     let cold_b = peer(run, "bwrap").and_then(|c| lat(&c.cold)).and_then(Latencies::p50);
-    let met = cold_w.zip(cold_b).map(|(w, b)| w <= b);
     let _ = writeln!(
         out,
-        "| cold create+exec+destroy p50 <= bwrap's | Warren {} vs bwrap {} | {} |",
+        "| cold create+exec+destroy p50 <= bwrap's | Warren {} vs bwrap {} | {} | {} |",
         stats::opt_ms(cold_w),
         stats::opt_ms(cold_b),
-        verdict(met)
+        verdict(cold_w.zip(cold_b).map(|(w, b)| w <= b)),
+        w.map_or(String::new(), |c| format!(
+            "p50 of the steps: create {}, exec {}, delete {}; server CPU per cycle {}",
+            p50_of(c.part("cold step: create")),
+            p50_of(c.part("cold step: exec `true`")),
+            p50_of(c.part("cold step: delete (after the timed cycle)")),
+            stats::opt_ms(c.server_cpu_per("cold cycle"))
+        ))
     );
     let warm = w.and_then(|c| lat(&c.warm)).and_then(Latencies::p50);
     let _ = writeln!(
         out,
-        "| warm claim+exec p50 <= 2 ms | {} | {} |",
+        "| warm claim+exec p50 <= 2 ms | {} | {} | {} |",
         stats::opt_ms(warm),
-        verdict(warm.map(|d| d <= TARGET_WARM_P50))
+        verdict(warm.map(|d| d <= TARGET_WARM_P50)),
+        w.map_or(String::new(), |c| format!(
+            "p50 of the steps: claim {}, exec {}",
+            p50_of(c.part("warm step: claim")),
+            p50_of(c.part("warm step: exec `true`"))
+        ))
     );
-    let exec = w.and_then(|c| lat(&c.exec)).and_then(Latencies::p50);
+    let exec = w.and_then(|c| c.exec.done());
+    let exec_p50 = exec.and_then(|m| m.value.p50());
     let _ = writeln!(
         out,
-        "| exec round trip p50 <= 1 ms | {} | {} |",
-        stats::opt_ms(exec),
-        verdict(exec.map(|d| d <= TARGET_EXEC_P50))
+        "| exec round trip p50 <= 1 ms | {} | {} | {} |",
+        stats::opt_ms(exec_p50),
+        verdict(exec_p50.map(|d| d <= TARGET_EXEC_P50)),
+        match (w, exec) {
+            (Some(c), Some(m)) => format!(
+                "server CPU per exec {}; host CPU per exec {}; load {:.1} at start",
+                stats::opt_ms(c.server_cpu_per("exec")),
+                stats::opt_ms(m.cpu.per_op(m.value.len())),
+                m.cpu.load_at_start
+            ),
+            _ => String::new(),
+        }
     );
-    let rate = w.and_then(|c| c.sustained.done()).map(|m| m.value.per_second());
+    let sustained = w.and_then(|c| c.sustained.done());
+    let rate = sustained.map(|m| m.value.per_second());
     let _ = writeln!(
         out,
-        "| >= 300 creations/s sustained | {} | {} |",
+        "| >= 300 creations/s sustained | {} | {} | {} |",
         rate.map_or("-".into(), |r| format!("{r:.1}/s")),
-        verdict(rate.map(|r| r >= TARGET_RATE))
+        verdict(rate.map(|r| r >= TARGET_RATE)),
+        match (w, sustained) {
+            (Some(c), Some(m)) => format!(
+                "{} clients; CPUs {:.0}% busy; server CPU per create+delete {}; cycle p50 {}",
+                m.value.clients,
+                m.cpu.percent_of_host(run.machine.nproc),
+                stats::opt_ms(c.server_cpu_per("create+delete")),
+                stats::opt_ms(m.value.cycles.p50())
+            ),
+            _ => String::new(),
+        }
     );
     let idle = w.and_then(|c| c.idle.done()).map(|m| &m.value);
     let drop = idle.and_then(IdleMemory::per_sandbox_drop);
     let cg = idle.and_then(IdleMemory::per_sandbox_cgroup);
+    let kernel = idle.and_then(IdleMemory::per_sandbox_kernel_pinned);
+    let bytes = |v: Option<f64>| v.map_or("-".into(), stats::bytes);
     let _ = writeln!(
         out,
-        "| <= 1 MiB host memory per idle sandbox (MemAvailable drop) | {} (cgroup sum: {}) | {} |",
-        drop.map_or("-".into(), stats::bytes),
-        cg.map_or("-".into(), stats::bytes),
-        verdict(drop.map(|b| b <= TARGET_IDLE_BYTES))
+        "| <= 1 MiB host memory per idle sandbox (MemAvailable drop) | {} | {} | memory cgroups {} per sandbox; \
+         kernel pinned memory grew {} per sandbox; against the after-teardown level: {} |",
+        bytes(drop),
+        verdict(drop.map(|b| b <= TARGET_IDLE_BYTES)),
+        bytes(cg),
+        bytes(kernel),
+        bytes(idle.and_then(IdleMemory::per_sandbox_drop_vs_after))
     );
     out.push('\n');
 }
@@ -226,16 +271,16 @@ fn ratios(out: &mut String, run: &Run<'_>) {
     out.push('\n');
 }
 
+const DETAIL_HEADER: &str =
+    "| measure | n | p50 | p99 | mean | max | failures | host CPU per op | CPUs busy | load at start | what limits it |";
+
 fn details(out: &mut String, c: &Contender, nproc: usize) {
     let _ = writeln!(out, "## {} in detail\n", c.name);
     for (what, command) in &c.commands {
         let _ = writeln!(out, "- {what}: `{command}`");
     }
-    let _ = writeln!(
-        out,
-        "\n| measure | n | p50 | p99 | mean | max | failures | host CPU per op | CPUs busy | what limits it |"
-    );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "\n{DETAIL_HEADER}");
+    let _ = writeln!(out, "|{}", "---|".repeat(DETAIL_HEADER.matches('|').count() - 1));
     for (measure, name, outcome) in [
         ("cold", "cold create+exec+destroy", &c.cold),
         ("warm", "warm claim+exec", &c.warm),
@@ -249,6 +294,9 @@ fn details(out: &mut String, c: &Contender, nproc: usize) {
     sustained_row(out, &c.sustained, nproc);
     out.push('\n');
     idle_section(out, &c.idle, nproc);
+    for (op, cpu) in &c.server_cpu {
+        let _ = writeln!(out, "- server process CPU (its own and its reaped children's) per {op}: {}", stats::ms(*cpu));
+    }
     for note in &c.notes {
         let _ = writeln!(out, "- {note}");
     }
@@ -266,19 +314,24 @@ fn not_done<T>(o: &Outcome<T>) -> Option<String> {
 /// One latency measure; `own_cpu` is false for a step, which has no CPU figure of its own.
 fn latency_row(out: &mut String, name: &str, o: &Outcome<Latencies>, nproc: usize, own_cpu: bool) {
     if let Some(why) = not_done(o) {
-        let _ = writeln!(out, "| {name} | | | | | | | | | {why} |");
+        let _ = writeln!(out, "| {name} | | | | | | | | | | {why} |");
         return;
     }
     let Some(Measured { value: l, cpu }) = o.done() else { return };
     let per_op = cpu.per_op(l.len() + l.failures.count as usize);
-    let (per_op, busy, limit) = if own_cpu {
-        (stats::opt_ms(per_op), format!("{:.0}%", cpu.percent_of_host(nproc)), latency_limit(l, cpu, nproc))
+    let (per_op, busy, load, limit) = if own_cpu {
+        (
+            stats::opt_ms(per_op),
+            format!("{:.0}%", cpu.percent_of_host(nproc)),
+            format!("{:.1}", cpu.load_at_start),
+            latency_limit(l, cpu, nproc),
+        )
     } else {
-        ("-".into(), "-".into(), String::new())
+        ("-".into(), "-".into(), "-".into(), String::new())
     };
     let _ = writeln!(
         out,
-        "| {name} | {} | {} | {} | {} | {} | {} | {per_op} | {busy} | {limit} |",
+        "| {name} | {} | {} | {} | {} | {} | {} | {per_op} | {busy} | {load} | {limit} |",
         l.len(),
         stats::opt_ms(l.p50()),
         stats::opt_ms(l.p99()),
@@ -311,7 +364,7 @@ fn latency_limit(l: &Latencies, cpu: &CpuUse, nproc: usize) -> String {
 fn sustained_row(out: &mut String, o: &Outcome<Sustained>, nproc: usize) {
     let name = "sustained cycles";
     if let Some(why) = not_done(o) {
-        let _ = writeln!(out, "| {name} | | | | | | | | | {why} |");
+        let _ = writeln!(out, "| {name} | | | | | | | | | | {why} |");
         return;
     }
     let Some(Measured { value: s, cpu }) = o.done() else { return };
@@ -328,7 +381,7 @@ fn sustained_row(out: &mut String, o: &Outcome<Sustained>, nproc: usize) {
     let l = &s.cycles;
     let _ = writeln!(
         out,
-        "| {name} ({:.1}/s over {:.0} s) | {} | {} | {} | {} | {} | {} | {} | {busy:.0}% | {limit} |",
+        "| {name} ({:.1}/s over {:.0} s) | {} | {} | {} | {} | {} | {} | {} | {busy:.0}% | {:.1} | {limit} |",
         s.per_second(),
         s.elapsed.as_secs_f64(),
         l.len(),
@@ -338,6 +391,7 @@ fn sustained_row(out: &mut String, o: &Outcome<Sustained>, nproc: usize) {
         stats::opt_ms(l.max()),
         l.failures.summary(),
         stats::opt_ms(cpu.per_op(l.len())),
+        cpu.load_at_start,
     );
 }
 
@@ -392,9 +446,11 @@ fn idle_section(out: &mut String, o: &Outcome<IdleMemory>, nproc: usize) {
     if let Some(cpu) = m.idle_cpu {
         let _ = writeln!(
             out,
-            "- host CPU while all were idle: {:.1}% of {nproc} CPUs over {:.0} s",
+            "- host CPU while all were idle: {:.1}% of {nproc} CPUs over {:.0} s (load {:.1} when it began; \
+             other work on the host counts too)",
             cpu.percent_of_host(nproc),
-            cpu.wall.as_secs_f64()
+            cpu.wall.as_secs_f64(),
+            cpu.load_at_start
         );
     }
 }
@@ -408,7 +464,7 @@ mod tests {
     fn measured<T>(value: T) -> Outcome<T> {
         Outcome::Done(Measured {
             value,
-            cpu: CpuUse { busy: Duration::from_millis(100), wall: Duration::from_secs(1) },
+            cpu: CpuUse { busy: Duration::from_millis(100), wall: Duration::from_secs(1), load_at_start: 1.5 },
         })
     }
 
@@ -474,8 +530,11 @@ mod tests {
         );
         assert!(text.contains("| warm claim+exec p50 <= 2 ms | 1.00 ms | **met** |"));
         assert!(text.contains("| exec round trip p50 <= 1 ms | - | not measured |"));
-        assert!(text.contains("| >= 300 creations/s sustained | 400.0/s | **met** |"));
-        assert!(text.contains("512 KiB (cgroup sum: 256 KiB) | **met** |"));
+        assert!(
+            text.contains("| >= 300 creations/s sustained | 400.0/s | **met** | 2 clients; CPUs 5% busy"),
+            "{text}"
+        );
+        assert!(text.contains("(MemAvailable drop) | 512 KiB | **met** | memory cgroups 256 KiB per sandbox"));
         let slower = sample_run(6);
         assert!(slower.contains("Warren 6.00 ms vs bwrap 5.00 ms | **not met** |"));
     }
@@ -489,6 +548,19 @@ mod tests {
         assert!(text.contains("Test CPU, 2 CPUs"));
         for line in text.lines().filter(|l| l.starts_with("| cold create+exec+destroy p50 |")) {
             assert_eq!(line.matches('|').count(), 4, "{line}");
+        }
+        // Every row of every table has as many cells as its header.
+        let mut columns = 0;
+        for line in text.lines() {
+            if !line.starts_with('|') {
+                columns = 0;
+                continue;
+            }
+            let cells = line.matches('|').count();
+            if columns == 0 {
+                columns = cells;
+            }
+            assert_eq!(cells, columns, "row does not match its header: {line}");
         }
     }
 }

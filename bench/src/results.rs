@@ -45,6 +45,12 @@ pub struct Sustained {
 }
 
 impl Sustained {
+    /// Adds a later slice of the same measure.
+    pub fn merge(&mut self, slice: Sustained) {
+        self.elapsed += slice.elapsed;
+        self.cycles.merge(slice.cycles);
+    }
+
     pub fn per_second(&self) -> f64 {
         let secs = self.elapsed.as_secs_f64();
         if secs <= 0.0 {
@@ -134,12 +140,19 @@ pub struct Contender {
     pub exec: Outcome<Latencies>,
     pub sustained: Outcome<Sustained>,
     pub idle: Outcome<IdleMemory>,
+    /// CPU of the contender's own long-lived process per operation, when it
+    /// has one (Warren's server): (operation, CPU time).
+    pub server_cpu: Vec<(String, Duration)>,
     /// (measure, exact command or request used).
     pub commands: Vec<(String, String)>,
     pub notes: Vec<String>,
 }
 
 impl Contender {
+    pub fn server_cpu_per(&self, operation: &str) -> Option<Duration> {
+        self.server_cpu.iter().find(|(op, _)| op == operation).map(|(_, d)| *d)
+    }
+
     pub fn part(&self, name: &str) -> Option<&Latencies> {
         self.parts.iter().find(|p| p.name == name).and_then(|p| p.latencies.done()).map(|m| &m.value)
     }
@@ -154,6 +167,7 @@ impl Contender {
             exec: Outcome::skipped("not run"),
             sustained: Outcome::skipped("not run"),
             idle: Outcome::skipped("not run"),
+            server_cpu: Vec::new(),
             commands: Vec::new(),
             notes: Vec::new(),
         }

@@ -12,12 +12,11 @@ use warren_api::{CreateSandboxRequest, ExecRequest, ExecResult, ExecStatus, Heal
 
 use crate::cleanup;
 use crate::cmd;
+use crate::contest::{self, Contestant};
 use crate::error::{BenchError, Result};
 use crate::harness::{self, IdleHolder, IdleUsage};
 use crate::host;
-use crate::host::CpuUse;
-use crate::peers::settle;
-use crate::results::{Contender, Measured, Outcome, Part, Plan};
+use crate::results::{Contender, IdleMemory, Measured, Outcome, Part, Plan, Sustained};
 use crate::stats::{self, Latencies};
 
 pub const IMAGE: &str = "bench";
@@ -232,21 +231,10 @@ struct Steps {
 }
 
 impl Steps {
-    /// The steps as parts of `measure`; `create` names the first step.
-    fn into_parts(self, measure: &str, create: &str, measured: bool) -> Vec<Part> {
-        [(create, self.create), ("exec `true`", self.exec), ("delete (after the timed cycle)", self.delete)]
-            .into_iter()
-            .filter(|(_, lat)| !lat.is_empty() || !measured)
-            .map(|(step, lat)| Part {
-                name: format!("{measure} step: {step}"),
-                latencies: if measured {
-                    Outcome::Done(Measured { value: lat, cpu: CpuUse { busy: Duration::ZERO, wall: Duration::ZERO } })
-                } else {
-                    Outcome::skipped(format!("{measure} cycle failed"))
-                },
-                own_cpu: false,
-            })
-            .collect()
+    fn into_parts(self, measure: &str, first: &str, measured: bool) -> Vec<Part> {
+        let steps =
+            vec![(first, self.create), ("exec `true`", self.exec), ("delete (after the timed cycle)", self.delete)];
+        contest::step_parts(measure, steps, measured)
     }
 }
 
@@ -266,28 +254,6 @@ fn cold_cycle(client: &Client, steps: &mut Steps) -> Result<Duration> {
     steps.exec.push(t2 - t1);
     steps.delete.push(t3 - t2);
     Ok(t3 - t0)
-}
-
-fn measure_cold(c: &mut Contender, client: &Client, plan: &Plan) -> Result<()> {
-    for _ in 0..plan.warmup {
-        harness::check_interrupt()?;
-        cold_cycle(client, &mut Steps::default())?;
-    }
-    let mut steps = Steps::default();
-    c.cold = settle(harness::sequential(0, plan.samples, || cold_cycle(client, &mut steps)))?;
-    c.parts.extend(steps.into_parts("cold", "create", c.cold.done().is_some()));
-    Ok(())
-}
-
-fn measure_exec(client: &Client, plan: &Plan) -> Result<Measured<Latencies>> {
-    let sb = client.create(&sandbox_request())?;
-    let measured = harness::sequential(plan.warmup, plan.exec_samples, || {
-        let t = Instant::now();
-        client.exec_true(&sb.id)?;
-        Ok(t.elapsed())
-    });
-    client.delete(&sb.id)?;
-    measured
 }
 
 fn create_delete(client: &Client) -> Result<Duration> {
@@ -419,29 +385,234 @@ pub struct WarrenSetup<'a> {
     pub rootfs: &'a Path,
 }
 
-pub fn bench_warren(plan: &Plan, setup: &WarrenSetup<'_>) -> Result<Contender> {
-    let version = host::tool_version(&setup.binary.to_string_lossy(), &["--version"]);
-    let mut c = Contender::new("Warren", version);
-    let instance = cleanup::warren_instance(std::process::id());
-    let data_dir = setup.workdir.join("warren-data");
-    let request = serde_json::to_string(&sandbox_request()).unwrap_or_default();
-    c.commands.push(("sandbox shape".into(), format!("POST /v1/sandboxes {request}")));
-    c.commands.push(("exec".into(), "POST /v1/sandboxes/{id}/exec?wait=true {\"argv\":[\"/bin/true\"]}".into()));
+/// Where Warren's server CPU per operation is added up.
+#[derive(Default)]
+struct ServerCpu {
+    totals: Vec<(&'static str, Duration, usize)>,
+}
 
-    match phase_cold(&mut c, plan, setup, &data_dir, &instance) {
-        Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
-        Err(e) => c.cold = Outcome::Failed(format!("server: {e}")),
-        Ok(()) => {}
+impl ServerCpu {
+    fn add(&mut self, op: &'static str, cpu: Duration, ops: usize) {
+        match self.totals.iter_mut().find(|(o, _, _)| *o == op) {
+            Some((_, total, n)) => {
+                *total += cpu;
+                *n += ops;
+            }
+            None => self.totals.push((op, cpu, ops)),
+        }
     }
-    note_leaks(&mut c, &instance, &data_dir, "after the first server stopped");
-    let gap = refill_gap(&c);
-    match phase_warm(&mut c, plan, setup, &data_dir, &instance, gap) {
-        Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
-        Err(e) => c.warm = Outcome::Failed(format!("server: {e}")),
-        Ok(()) => {}
+
+    fn per_op(&self) -> Vec<(String, Duration)> {
+        self.totals.iter().filter(|(_, _, n)| *n > 0).map(|(op, cpu, n)| (op.to_string(), *cpu / *n as u32)).collect()
     }
-    note_leaks(&mut c, &instance, &data_dir, "after the pooled server stopped");
-    Ok(c)
+}
+
+/// Warren as a contestant, measured over its HTTP API. A first server runs
+/// the cold, exec, sustained and idle measures; a second one, started with
+/// a warm pool of the same sandbox shape, the warm claims.
+pub struct WarrenContestant {
+    // Drop order: the client, the server (stopping it ends its sandboxes),
+    // then the sweep of whatever it left.
+    client: Client,
+    server: Option<Server>,
+    leftovers: Leftovers,
+    binary: PathBuf,
+    workdir: PathBuf,
+    warmup: usize,
+    cold_calls: usize,
+    cold_steps: Steps,
+    exec_target: Option<String>,
+    server_cpu: ServerCpu,
+    c: Contender,
+}
+
+impl WarrenContestant {
+    pub fn start(setup: &WarrenSetup<'_>, plan: &Plan) -> Result<Self> {
+        let mut c = Self::contender(setup.binary);
+        let instance = cleanup::warren_instance(std::process::id());
+        let data_dir = setup.workdir.join("warren-data");
+        let leftovers = Leftovers { instance: instance.clone(), data_dir: data_dir.clone() };
+        let server = Server::start(setup.binary, &data_dir, &instance, &[], &setup.workdir.join("server.log"))?;
+        c.commands.push(("server".into(), server.command.clone()));
+        let client = Client::new(&server.url)?;
+        client.health()?;
+        client.import_dir(IMAGE, setup.rootfs)?;
+        Ok(WarrenContestant {
+            client,
+            server: Some(server),
+            leftovers,
+            binary: setup.binary.to_path_buf(),
+            workdir: setup.workdir.to_path_buf(),
+            warmup: plan.warmup,
+            cold_calls: 0,
+            cold_steps: Steps::default(),
+            exec_target: None,
+            server_cpu: ServerCpu::default(),
+            c,
+        })
+    }
+
+    fn contender(binary: &Path) -> Contender {
+        let mut c = Contender::new("Warren", host::tool_version(&binary.to_string_lossy(), &["--version"]));
+        let request = serde_json::to_string(&sandbox_request()).unwrap_or_default();
+        c.commands.push(("sandbox shape".into(), format!("POST /v1/sandboxes {request}")));
+        c.commands.push(("exec".into(), "POST /v1/sandboxes/{id}/exec?wait=true {\"argv\":[\"/bin/true\"]}".into()));
+        c.commands.push((
+            "sustained".into(),
+            "each client: POST /v1/sandboxes, then DELETE /v1/sandboxes/{id} (no exec)".into(),
+        ));
+        c
+    }
+
+    /// The contender with the setup error, when the server cannot be started.
+    pub fn failed(binary: &Path, e: &BenchError) -> Contender {
+        let mut c = Self::contender(binary);
+        c.cold = Outcome::Failed(format!("setup: {e}"));
+        c
+    }
+
+    pub fn into_contender(mut self) -> Contender {
+        self.c.server_cpu = self.server_cpu.per_op();
+        self.c
+    }
+
+    fn server(&self) -> Result<&Server> {
+        self.server
+            .as_ref()
+            .ok_or_else(|| BenchError::Unexpected { op: "warren".into(), detail: "server stopped".into() })
+    }
+
+    /// The server's CPU time so far (its own and its reaped children's).
+    fn server_cpu_now(&self) -> Option<Duration> {
+        self.server.as_ref().and_then(|s| host::process_cpu(s.pid()).ok())
+    }
+
+    fn count_server_cpu(&mut self, op: &'static str, before: Option<Duration>, ops: usize) {
+        if let (Some(before), Some(after)) = (before, self.server_cpu_now()) {
+            self.server_cpu.add(op, after.saturating_sub(before), ops);
+        }
+    }
+
+    /// Stops the first server, then measures warm claims against a pooled one.
+    fn warm(&mut self, plan: &Plan) -> Result<()> {
+        drop(self.server.take());
+        self.leftovers.note(&mut self.c, "after the first server stopped");
+        let gap = refill_gap(&self.c);
+        let pools = [pool_spec(plan.pool_size)];
+        let log = self.workdir.join("server-pooled.log");
+        let server = Server::start(&self.binary, &self.leftovers.data_dir, &self.leftovers.instance, &pools, &log)?;
+        self.c.commands.push(("pooled server".into(), server.command.clone()));
+        wait_for_pool(&self.leftovers.instance, plan.pool_size)?;
+        // The last member counted may still be booting.
+        std::thread::sleep(Duration::from_secs(1));
+        let client = Client::new(&server.url)?;
+        for _ in 0..plan.warmup {
+            harness::check_interrupt()?;
+            warm_cycle(&client, gap, &mut Steps::default())?;
+        }
+        let mut steps = Steps::default();
+        let warm = harness::sequential(0, plan.samples, || warm_cycle(&client, gap, &mut steps));
+        drop(server);
+        self.leftovers.note(&mut self.c, "after the pooled server stopped");
+        self.c.warm = contest::outcome(warm)?;
+        let measured = self.c.warm.done().is_some();
+        self.c.parts.extend(steps.into_parts("warm", "claim", measured));
+        self.c.notes.push(format!(
+            "warm pool: size {}, one claim every >= {} (3x cold create p50, at least 50 ms) so the member taken is \
+             replaced before the next claim; a claim answered by a cold create counts as a failure (pool empty)",
+            plan.pool_size,
+            stats::ms(gap),
+        ));
+        Ok(())
+    }
+}
+
+impl Contestant for WarrenContestant {
+    fn contender(&mut self) -> &mut Contender {
+        &mut self.c
+    }
+
+    fn cold_routes(&self) -> Vec<String> {
+        vec!["create + exec + delete".into()]
+    }
+
+    fn cold(&mut self, _: usize) -> Result<Duration> {
+        // The harness's warm-up cycles come first; their steps are not kept.
+        let warming_up = self.cold_calls < self.warmup;
+        self.cold_calls += 1;
+        let before = self.server_cpu_now();
+        let took = if warming_up {
+            cold_cycle(&self.client, &mut Steps::default())
+        } else {
+            cold_cycle(&self.client, &mut self.cold_steps)
+        };
+        self.count_server_cpu("cold cycle", before, 1);
+        took
+    }
+
+    fn cold_done(&mut self) {
+        let steps = std::mem::take(&mut self.cold_steps);
+        let measured = self.c.cold.done().is_some();
+        self.c.parts.extend(steps.into_parts("cold", "create", measured));
+    }
+
+    fn exec_start(&mut self) -> Result<bool> {
+        self.server()?;
+        self.exec_target = Some(self.client.create(&sandbox_request())?.id);
+        Ok(true)
+    }
+
+    fn exec(&mut self) -> Result<Duration> {
+        let id = self
+            .exec_target
+            .clone()
+            .ok_or_else(|| BenchError::Unexpected { op: "exec".into(), detail: "no target sandbox".into() })?;
+        let before = self.server_cpu_now();
+        let t = Instant::now();
+        let done = self.client.exec_true(&id);
+        let took = t.elapsed();
+        self.count_server_cpu("exec", before, 1);
+        done.map(|_| took)
+    }
+
+    fn exec_stop(&mut self) -> Result<()> {
+        match self.exec_target.take() {
+            Some(id) => self.client.delete(&id).map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
+    fn sustain(&mut self, clients: usize, window: Duration) -> Result<Measured<Sustained>> {
+        let url = self.server()?.url.clone();
+        let before = self.server_cpu_now();
+        let m = harness::sustained(clients, window, || Client::new(&url), |c| create_delete(c));
+        let cycles = m.as_ref().map_or(0, |m| m.value.cycles.len());
+        self.count_server_cpu("create+delete", before, cycles);
+        m
+    }
+
+    fn idle(&mut self, plan: &Plan) -> Result<Measured<IdleMemory>> {
+        let server = self.server()?;
+        let holder = WarrenIdle {
+            url: &server.url,
+            instance: &self.leftovers.instance,
+            server_pid: server.pid(),
+            server_rss_before: host::process_rss_bytes(server.pid()).unwrap_or(0),
+        };
+        harness::idle(plan, &holder)
+    }
+
+    fn extra(&mut self, plan: &Plan) -> Result<()> {
+        crate::progress("Warren: warm pool claim+exec");
+        match self.warm(plan) {
+            Err(BenchError::Interrupted) => Err(BenchError::Interrupted),
+            Err(e) => {
+                self.c.warm = Outcome::Failed(e.to_string());
+                Ok(())
+            }
+            Ok(()) => Ok(()),
+        }
+    }
 }
 
 /// One claim every 3x the cold create time leaves the pool time to replace
@@ -451,96 +622,42 @@ fn refill_gap(c: &Contender) -> Duration {
     create_p50.map_or(Duration::from_millis(300), |d| (d * 3).max(Duration::from_millis(50)))
 }
 
-fn phase_cold(c: &mut Contender, plan: &Plan, setup: &WarrenSetup<'_>, data_dir: &Path, instance: &str) -> Result<()> {
-    let server = Server::start(setup.binary, data_dir, instance, &[], &setup.workdir.join("server-cold.log"))?;
-    c.commands.push(("server".into(), server.command.clone()));
-    let client = Client::new(&server.url)?;
-    client.health()?;
-    client.import_dir(IMAGE, setup.rootfs)?;
-
-    crate::progress("Warren: cold create+exec+delete");
-    let cpu0 = host::process_cpu(server.pid()).ok();
-    measure_cold(c, &client, plan)?;
-    note_server_cpu(c, &server, cpu0, "cold cycle", c.cold.done().map_or(0, |m| m.value.len() + plan.warmup));
-
-    crate::progress("Warren: exec round trip");
-    let cpu0 = host::process_cpu(server.pid()).ok();
-    c.exec = settle(measure_exec(&client, plan))?;
-    note_server_cpu(c, &server, cpu0, "exec", plan.exec_samples + plan.warmup);
-
-    crate::progress("Warren: sustained create+delete");
-    let cpu0 = host::process_cpu(server.pid()).ok();
-    let url = server.url.clone();
-    c.sustained = settle(harness::sustained(plan.clients, plan.sustain, || Client::new(&url), |c| create_delete(c)))?;
-    note_server_cpu(c, &server, cpu0, "create+delete", c.sustained.done().map_or(0, |m| m.value.cycles.len()));
-
-    crate::progress("Warren: idle sandboxes");
-    let holder = WarrenIdle {
-        url: &server.url,
-        instance,
-        server_pid: server.pid(),
-        server_rss_before: host::process_rss_bytes(server.pid()).unwrap_or(0),
-    };
-    c.idle = settle(harness::idle(plan, &holder))?;
-    drop(server);
-    Ok(())
+/// What a stopped server may leave on the host: its instance's cgroups and
+/// mounts below its data dir. Noted in the report, then removed; removed on
+/// drop too, so an error or interrupt between the notes leaves nothing.
+struct Leftovers {
+    instance: String,
+    data_dir: PathBuf,
 }
 
-fn phase_warm(
-    c: &mut Contender,
-    plan: &Plan,
-    setup: &WarrenSetup<'_>,
-    data_dir: &Path,
-    instance: &str,
-    gap: Duration,
-) -> Result<()> {
-    crate::progress("Warren: warm pool claim+exec");
-    let pools = [pool_spec(plan.pool_size)];
-    let server = Server::start(setup.binary, data_dir, instance, &pools, &setup.workdir.join("server-warm.log"))?;
-    c.commands.push(("pooled server".into(), server.command.clone()));
-    wait_for_pool(instance, plan.pool_size)?;
-    // The last member counted may still be booting.
-    std::thread::sleep(Duration::from_secs(1));
-    let client = Client::new(&server.url)?;
-    for _ in 0..plan.warmup {
-        harness::check_interrupt()?;
-        warm_cycle(&client, gap, &mut Steps::default())?;
+impl Leftovers {
+    fn note(&self, c: &mut Contender, when: &str) {
+        let cgroups = cleanup::instance_cgroups(&self.instance);
+        let mounts =
+            cleanup::mounts_below(&fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(), &self.data_dir);
+        if !cgroups.is_empty() || !mounts.is_empty() {
+            c.notes.push(format!(
+                "LEAK {when}: {} sandbox cgroup dirs and {} mounts left behind (removed by the benchmark)",
+                cgroups.len(),
+                mounts.len()
+            ));
+        }
+        for e in self.remove() {
+            c.notes.push(format!("cleanup: {e}"));
+        }
     }
-    let mut steps = Steps::default();
-    c.warm = settle(harness::sequential(0, plan.samples, || warm_cycle(&client, gap, &mut steps)))?;
-    c.parts.extend(steps.into_parts("warm", "claim", c.warm.done().is_some()));
-    c.notes.push(format!(
-        "warm pool: size {}, one claim every >= {} (3x cold create p50, at least 50 ms) so the member taken is \
-         replaced before the next claim; a claim answered by a cold create counts as a failure (pool empty)",
-        plan.pool_size,
-        stats::ms(gap),
-    ));
-    drop(server);
-    Ok(())
-}
 
-fn note_server_cpu(c: &mut Contender, server: &Server, before: Option<Duration>, what: &str, ops: usize) {
-    let (Some(before), Ok(after)) = (before, host::process_cpu(server.pid())) else { return };
-    if ops > 0 {
-        let per_op = (after.saturating_sub(before)) / ops as u32;
-        c.notes.push(format!("server process CPU (incl. reaped children) per {what}: {}", stats::ms(per_op)));
+    fn remove(&self) -> Vec<BenchError> {
+        cleanup::unmount_below(&self.data_dir);
+        cleanup::remove_named_cgroups(&self.instance)
     }
 }
 
-/// Records (and then removes) whatever a stopped server left on the host.
-fn note_leaks(c: &mut Contender, instance: &str, data_dir: &Path, when: &str) {
-    let cgroups = cleanup::instance_cgroups(instance);
-    let mounts = cleanup::mounts_below(&fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(), data_dir);
-    if !cgroups.is_empty() || !mounts.is_empty() {
-        c.notes.push(format!(
-            "LEAK {when}: {} sandbox cgroup dirs and {} mounts left behind (removed by the benchmark)",
-            cgroups.len(),
-            mounts.len()
-        ));
-    }
-    cleanup::unmount_below(data_dir);
-    for e in cleanup::remove_named_cgroups(instance) {
-        c.notes.push(format!("cleanup: {e}"));
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        for e in self.remove() {
+            eprintln!("warren-bench: cleanup: {e}");
+        }
     }
 }
 
@@ -565,7 +682,7 @@ mod tests {
         assert_eq!(refill_gap(&c), Duration::from_millis(300));
         let mut lat = Latencies::default();
         lat.push(Duration::from_millis(40));
-        let cpu = host::CpuUse { busy: Duration::ZERO, wall: Duration::ZERO };
+        let cpu = host::CpuUse::default();
         c.parts.push(Part {
             name: "cold step: create".into(),
             latencies: Outcome::Done(Measured { value: lat, cpu }),

@@ -13,6 +13,7 @@
 
 mod channel;
 mod rootfs;
+mod run_dir;
 mod snapshot;
 mod spawn;
 mod state;
@@ -21,20 +22,20 @@ mod teardown;
 use std::fs;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use rustix::fs::{Mode, OFlags};
-use tokio::process::Child;
 use warren_api::{Backend, NetworkMode, Usage};
 use warren_guard::cgroup::{Limits, SandboxCgroup};
 use warren_init::proto::setup::{BuildSpec, HostSays, InitSays};
 
 use self::rootfs::RootfsSpec;
-use self::spawn::SetupChannel;
+use self::run_dir::RunDir;
+use self::spawn::{FirstInit, SetupChannel};
 use self::state::{HandleState, Layout, ProcessId, SlotBook};
 use self::teardown::{cgroup_err, Remains};
 use crate::{
@@ -71,9 +72,8 @@ impl ContainerConfig {
 
 pub struct ContainerDriver {
     config: ContainerConfig,
+    run_dir: Arc<RunDir>,
     slots: SlotBook,
-    /// Serializes choosing a uid slot and recording it.
-    slot_lock: Mutex<()>,
 }
 
 impl ContainerDriver {
@@ -81,7 +81,7 @@ impl ContainerDriver {
     /// PID 1s whose first init exits reparent here.
     pub fn new(mut config: ContainerConfig) -> Result<ContainerDriver> {
         SandboxCgroup::new(&config.cgroup_instance, "probe").map_err(cgroup_err)?;
-        let slots = SlotBook { run_dir: PathBuf::new(), uid_base_start: config.uid_base_start };
+        let slots = SlotBook::new(PathBuf::new(), config.uid_base_start);
         if config.uid_base_start == 0 || slots.capacity() == 0 {
             return Err(BackendError::Setup(format!("uid_base_start {} leaves no uid range", config.uid_base_start)));
         }
@@ -93,8 +93,9 @@ impl ContainerDriver {
         config.run_dir =
             fs::canonicalize(run_dir).map_err(|e| BackendError::io(format!("resolve {}", run_dir.display()), e))?;
         become_subreaper()?;
-        let slots = SlotBook { run_dir: config.run_dir.clone(), ..slots };
-        Ok(ContainerDriver { config, slots, slot_lock: Mutex::new(()) })
+        let slots = SlotBook::new(config.run_dir.clone(), config.uid_base_start);
+        let run_dir = Arc::new(RunDir::new(config.run_dir.clone())?);
+        Ok(ContainerDriver { config, run_dir, slots })
     }
 
     fn layout(&self, id: &str) -> Layout {
@@ -115,23 +116,21 @@ impl ContainerDriver {
         Ok(state)
     }
 
-    /// Makes the sandbox's directory and claims its uid slot. Fails, having
-    /// made nothing, if the id is taken.
-    fn reserve(&self, layout: &Layout) -> Result<u32> {
-        let _guard = self.slot_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    /// Makes the sandbox's directory, with its own tmpfs of `disk_mib`, and
+    /// claims its uid slot. Fails, having made nothing, if the id is taken.
+    fn reserve(&self, layout: &Layout, disk_mib: u64) -> Result<u32> {
         let dir = layout.dir();
-        match fs::DirBuilder::new().mode(0o711).create(dir) {
+        match self.run_dir.make_sandbox_dir(dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 return Err(BackendError::Setup(format!("sandbox {} exists already", dir.display())))
             }
             Err(e) => return Err(BackendError::io(format!("mkdir {}", dir.display()), e)),
         }
-        let claimed = fs::set_permissions(dir, fs::Permissions::from_mode(0o711))
-            .map_err(|e| BackendError::io(format!("chmod {}", dir.display()), e))
-            .and_then(|()| self.slots.claim_slot(layout));
+        let claimed = rootfs::mount_sandbox_dir(layout, disk_mib).and_then(|()| self.slots.claim_slot(layout));
         if claimed.is_err() {
-            let _ = fs::remove_dir_all(dir);
+            let _ = rootfs::detach(dir);
+            let _ = self.run_dir.remove_sandbox_dir(dir);
         }
         claimed
     }
@@ -140,14 +139,17 @@ impl ContainerDriver {
     /// thing made as it is made.
     async fn build(&self, spec: &SandboxSpec, slot: u32, undo: &mut Undo) -> Result<HandleState> {
         let uid_base = self.slots.uid_base(slot);
-        let (init_pid, mut setup) = self.start_init(undo).await?;
+        undo.remains.cgroup.create(&limits(spec)).map_err(cgroup_err)?;
+        let (init_pid, mut setup) = self.start_init(undo)?;
+        let rootfs_spec = RootfsSpec { layers: &spec.layers, uid_base, userns_pid: init_pid };
+        // While init starts on another CPU: what needs no user namespace.
+        rootfs::prepare(&undo.remains.layout, &rootfs_spec)?;
+        match setup.next().await? {
+            InitSays::UsernsReady => {}
+            other => return Err(spawn::unexpected("userns_ready", other)),
+        }
         spawn::write_id_maps(init_pid, uid_base)?;
-        let (layout, cgroup) = (&undo.remains.layout, &undo.remains.cgroup);
-        cgroup.create(&limits(spec)).map_err(cgroup_err)?;
-        cgroup.add_pid(init_pid).map_err(cgroup_err)?;
-        let rootfs_spec =
-            RootfsSpec { layers: &spec.layers, disk_mib: spec.resources.disk_mib, uid_base, userns_pid: init_pid };
-        rootfs::build(layout, &rootfs_spec)?;
+        rootfs::build(&undo.remains.layout, &rootfs_spec)?;
         let pid1 = self.hand_over(spec, &mut setup, undo).await?;
         protect_from_oom_killer(pid1.pid)?;
         let state = HandleState { pid1, uid_base, slot, dir: undo.remains.layout.dir().to_path_buf() };
@@ -155,16 +157,15 @@ impl ContainerDriver {
         Ok(state)
     }
 
-    /// Spawns init and waits until it has its own user namespace.
-    async fn start_init(&self, undo: &mut Undo) -> Result<(i32, SetupChannel)> {
+    /// Spawns init inside the sandbox's cgroups; `undo` holds it until it
+    /// has been reaped.
+    fn start_init(&self, undo: &mut Undo) -> Result<(i32, SetupChannel)> {
+        let target = undo.remains.cgroup.spawn_target().map_err(cgroup_err)?;
         let listener = spawn::bind_control(&undo.remains.layout)?;
-        let (child, mut setup) = spawn::spawn_init(&self.config.init_binary, listener)?;
-        let init_pid = child_pid(&child)?;
-        undo.first_init = Some(child);
-        match setup.next().await? {
-            InitSays::UsernsReady => Ok((init_pid, setup)),
-            other => Err(spawn::unexpected("userns_ready", other)),
-        }
+        let (first_init, setup) = spawn::spawn_init(&self.config.init_binary, listener, &target)?;
+        let pid = first_init.pid();
+        undo.first_init = Some(first_init);
+        Ok((pid, setup))
     }
 
     /// Sends the build order, learns PID 1, reaps the first init and waits
@@ -179,6 +180,7 @@ impl ContainerDriver {
         if let Some(first_init) = undo.first_init.as_mut() {
             first_init.wait().await.map_err(|e| BackendError::io("reap the first init", e))?;
         }
+        undo.first_init = None;
         match setup.next().await? {
             InitSays::Ready => Ok(pid1),
             other => Err(spawn::unexpected("ready", other)),
@@ -194,10 +196,18 @@ impl ContainerDriver {
         ProcessId::of(pid).map_err(|e| BackendError::io(format!("PID 1 (host pid {pid})"), e))
     }
 
+    /// Removes what `remains` names and frees its uid slot.
     async fn remove(&self, remains: Remains) -> Result<()> {
-        tokio::task::spawn_blocking(move || remains.remove())
-            .await
-            .map_err(|e| BackendError::io("teardown task", io::Error::other(e)))?
+        let slot = tokio::task::spawn_blocking(move || {
+            let slot = SlotBook::recorded(&remains.layout);
+            remains.remove().map(|()| slot)
+        })
+        .await
+        .map_err(|e| BackendError::io("teardown task", io::Error::other(e)))??;
+        if let Some(slot) = slot {
+            self.slots.release(slot);
+        }
+        Ok(())
     }
 
     /// Ids with a run directory or a cgroup.
@@ -229,8 +239,12 @@ impl Driver for ContainerDriver {
         check_id(&spec.id)?;
         let layout = self.layout(&spec.id);
         let cgroup = self.cgroup(&spec.id)?;
-        let slot = self.reserve(&layout)?;
-        let mut undo = Undo { remains: Remains { layout, cgroup, pid1: None }, first_init: None, armed: true };
+        let slot = self.reserve(&layout, spec.resources.disk_mib)?;
+        let mut undo = Undo {
+            remains: Remains { layout, cgroup, pid1: None, run_dir: Arc::clone(&self.run_dir) },
+            first_init: None,
+            armed: true,
+        };
         let built = match tokio::time::timeout(SETUP_DEADLINE, self.build(spec, slot, &mut undo)).await {
             Ok(built) => built,
             Err(_) => Err(BackendError::Setup(format!("sandbox not ready within {SETUP_DEADLINE:?}"))),
@@ -253,7 +267,8 @@ impl Driver for ContainerDriver {
         check_id(&handle.id)?;
         let layout = self.layout(&handle.id);
         let pid1 = self.state(handle).ok().or_else(|| HandleState::load(&layout)).map(|s| s.pid1);
-        self.remove(Remains { layout, cgroup: self.cgroup(&handle.id)?, pid1 }).await
+        let cgroup = self.cgroup(&handle.id)?;
+        self.remove(Remains { layout, cgroup, pid1, run_dir: Arc::clone(&self.run_dir) }).await
     }
 
     async fn probe(&self, handle: &SandboxHandle) -> Liveness {
@@ -299,6 +314,7 @@ impl Driver for ContainerDriver {
     }
 
     async fn release(&self) -> Result<()> {
+        self.run_dir.release_if_empty()?;
         SandboxCgroup::remove_instance(&self.config.cgroup_instance).map_err(cgroup_err)
     }
 
@@ -312,13 +328,17 @@ impl Driver for ContainerDriver {
             let Ok(cgroup) = self.cgroup(&id) else { continue };
             let layout = self.layout(&id);
             let pid1 = HandleState::load(&layout).map(|s| s.pid1);
-            match self.remove(Remains { layout, cgroup, pid1 }).await {
+            let remains = Remains { layout, cgroup, pid1, run_dir: Arc::clone(&self.run_dir) };
+            match self.remove(remains).await {
                 Ok(()) => report.sandboxes_removed.push(id),
                 Err(e) => {
                     tracing::warn!(sandbox = %id, error = %e, "sweep could not remove a sandbox");
                     first_error.get_or_insert(e);
                 }
             }
+        }
+        if let Err(e) = self.run_dir.release_if_empty() {
+            first_error.get_or_insert(e);
         }
         first_error.map_or(Ok(report), Err)
     }
@@ -329,7 +349,7 @@ impl Driver for ContainerDriver {
 struct Undo {
     remains: Remains,
     /// The first init process, until it has been reaped.
-    first_init: Option<Child>,
+    first_init: Option<FirstInit>,
     armed: bool,
 }
 
@@ -337,8 +357,8 @@ impl Undo {
     /// Removes everything and returns `error`, extended if cleaning failed.
     async fn run(mut self, driver: &ContainerDriver, error: BackendError) -> BackendError {
         self.armed = false;
-        if let Some(child) = self.first_init.as_mut() {
-            let _ = child.start_kill();
+        if let Some(child) = self.first_init.as_ref() {
+            child.kill();
         }
         let remains = self.remains.clone();
         let cleaned = driver.remove(remains).await;
@@ -360,9 +380,12 @@ impl Drop for Undo {
         if !self.armed {
             return;
         }
-        if let Some(child) = self.first_init.as_mut() {
-            let _ = child.start_kill();
+        // Killed now; dropping it (with `self`) reaps it.
+        if let Some(child) = self.first_init.as_ref() {
+            child.kill();
         }
+        // The uid slot stays taken in the driver's book (not on disk) until
+        // a restart: this path has no driver to give it back to.
         let remains = self.remains.clone();
         std::thread::spawn(move || {
             if let Err(e) = remains.remove() {
@@ -370,13 +393,6 @@ impl Drop for Undo {
             }
         });
     }
-}
-
-fn child_pid(child: &Child) -> Result<i32> {
-    child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .ok_or_else(|| BackendError::Setup("warren-init exited at once".into()))
 }
 
 fn limits(spec: &SandboxSpec) -> Limits {

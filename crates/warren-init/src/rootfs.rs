@@ -144,10 +144,23 @@ fn protect_kernel_files(root: &Path) -> Result<(), InitError> {
             rustix::mount::mount_bind(&null, &target).step(|| format!("step 4: mask {path}"))?;
         }
     }
+    // One empty read-only tmpfs, bound onto every masked directory: a bind
+    // costs a mount, a tmpfs of its own also a superblock to set up and to
+    // shut down again (nine of them were a fifth of init's CPU per sandbox).
+    // The superblock is read-only and the sandbox cannot remount, so the
+    // shared one hides exactly what separate ones did.
+    let mut empty: Option<PathBuf> = None;
     for path in MASKED_DIRS {
         let target = inside(root, path);
-        if exists(&target)? {
-            mount_empty_dir(&target)?;
+        if !exists(&target)? {
+            continue;
+        }
+        match &empty {
+            None => {
+                mount_empty_dir(&target)?;
+                empty = Some(target);
+            }
+            Some(source) => rustix::mount::mount_bind(source, &target).step(|| format!("step 4: mask {path}"))?,
         }
     }
     Ok(())

@@ -43,20 +43,30 @@ impl SetupChannel {
         self.socket.write_all(&line).step(|| "write to the setup socket".into())
     }
 
-    /// Reads one line byte by byte, so nothing after it is consumed.
+    /// Reads one line, and nothing after it: peeks at what arrived, then
+    /// takes only up to the newline (one byte per `read` would cost a
+    /// system call per byte of the build order).
     fn read_line(&mut self) -> Result<Vec<u8>, InitError> {
         let mut line = Vec::new();
-        let mut byte = [0u8; 1];
+        let mut peeked = [0u8; 4096];
         loop {
-            match self.socket.read(&mut byte) {
-                Ok(0) => return Err(InitError::Protocol("the host closed the setup socket".into())),
-                Ok(_) if byte[0] == b'\n' => return Ok(line),
-                Ok(_) if line.len() >= MAX_SETUP_LINE_BYTES => {
-                    return Err(InitError::Protocol("setup line too long".into()))
-                }
-                Ok(_) => line.push(byte[0]),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(InitError::Sys { step: "read the setup socket".into(), source: e }),
+            let n = match rustix::net::recv(&self.socket, &mut peeked, rustix::net::RecvFlags::PEEK) {
+                Ok((0, _)) => return Err(InitError::Protocol("the host closed the setup socket".into())),
+                Ok((n, _)) => n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(InitError::Sys { step: "read the setup socket".into(), source: e.into() }),
+            };
+            let end = peeked[..n].iter().position(|&b| b == b'\n');
+            let take = end.map_or(n, |i| i + 1);
+            if line.len() + take > MAX_SETUP_LINE_BYTES {
+                return Err(InitError::Protocol("setup line too long".into()));
+            }
+            let start = line.len();
+            line.resize(start + take, 0);
+            self.socket.read_exact(&mut line[start..]).step(|| "read the setup socket".into())?;
+            if end.is_some() {
+                line.pop();
+                return Ok(line);
             }
         }
     }
@@ -166,5 +176,37 @@ fn fork_pid1(mut channel: SetupChannel, prepared: Prepared) -> (SetupChannel, In
             drop(parent_done_tx);
             pid1::run(channel, prepared.spec, prepared.self_exe, parent_done_rx)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn a_line_is_read_whole_and_nothing_after_it() {
+        let (mut host, init) = UnixStream::pair().unwrap();
+        let mut channel = SetupChannel { socket: File::from(OwnedFd::from(init)) };
+        host.write_all(b"{\"a\":").unwrap();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            host.write_all(b"1}\nafter").unwrap();
+            host
+        });
+        assert_eq!(channel.read_line().unwrap(), b"{\"a\":1}");
+        let _host = writer.join().unwrap();
+        let mut rest = [0u8; 5];
+        channel.socket.read_exact(&mut rest).unwrap();
+        assert_eq!(&rest, b"after");
+    }
+
+    #[test]
+    fn a_closed_socket_mid_line_is_a_protocol_error() {
+        let (mut host, init) = UnixStream::pair().unwrap();
+        let mut channel = SetupChannel { socket: File::from(OwnedFd::from(init)) };
+        host.write_all(b"{\"partial\"").unwrap();
+        drop(host);
+        assert!(matches!(channel.read_line(), Err(InitError::Protocol(_))));
     }
 }

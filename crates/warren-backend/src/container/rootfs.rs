@@ -1,9 +1,15 @@
-//! The sandbox's root filesystem as the host builds it: a size-limited tmpfs
-//! for the writable layer, one idmapped read-only clone per image layer, and
-//! an overlay of them. Also the reverse: unmounting everything under a
-//! sandbox's run directory.
+//! The sandbox's files as the host builds them: the sandbox's own tmpfs at
+//! its run directory (its size is the disk limit: it holds the writable
+//! layer, and the control files and mount points beside it), one idmapped
+//! read-only clone per image layer, and an overlay of them at `rootfs/`.
+//! Also the reverse: detaching all of it at once, and unmounting whatever
+//! an older or interrupted sandbox left under its directory.
+//!
+//! Only two mounts per sandbox enter the host's mount table (the tmpfs and
+//! the overlay): the layer clones stay detached, named to overlayfs by
+//! their descriptors. Every mount namespace a new sandbox makes starts as a
+//! copy of that table, so each mount there costs every later create.
 
-use std::ffi::CString;
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -32,7 +38,6 @@ struct MountAttr {
 pub(crate) struct RootfsSpec<'a> {
     /// Read-only layer directories, bottom first.
     pub(crate) layers: &'a [PathBuf],
-    pub(crate) disk_mib: u64,
     /// Host uid and gid that root inside maps to.
     pub(crate) uid_base: u32,
     /// A process in the sandbox's user namespace; the layers are idmapped
@@ -40,24 +45,44 @@ pub(crate) struct RootfsSpec<'a> {
     pub(crate) userns_pid: i32,
 }
 
-/// Builds `layout.rootfs()`. On error, what was mounted stays for the
-/// caller's teardown to remove (it unmounts everything under the run dir).
-pub(crate) fn build(layout: &Layout, spec: &RootfsSpec<'_>) -> Result<()> {
+/// The sandbox's tmpfs at `layout.dir()`, `disk_mib` large. Nothing on it
+/// is reachable from the sandbox but the overlay's upper layer, so the
+/// sandbox can fill it, not outgrow it. Control files and mount points cost
+/// nothing to make and remove there, and detaching it takes every mount of
+/// the sandbox along (see [`detach`]).
+pub(crate) fn mount_sandbox_dir(layout: &Layout, disk_mib: u64) -> Result<()> {
+    let dir = layout.dir();
+    let options = std::ffi::CString::new(format!("size={disk_mib}m,mode=0711"))
+        .map_err(|e| io_err("tmpfs options for", dir, io::Error::other(e)))?;
+    mount("tmpfs", dir, "tmpfs", MountFlags::NOSUID | MountFlags::NODEV, Some(options.as_c_str()))
+        .map_err(|e| io_err("mount tmpfs on", dir, e))
+}
+
+/// The parts of the root filesystem that need no user namespace: the
+/// writable layer's directories, owned by the sandbox's root, and the
+/// overlay's mount point. Done while init is starting.
+pub(crate) fn prepare(layout: &Layout, spec: &RootfsSpec<'_>) -> Result<()> {
     for layer in spec.layers {
         if !layer.is_dir() {
             return Err(BackendError::Setup(format!("layer {} is not a directory", layer.display())));
         }
     }
-    mount_writable(layout, spec.disk_mib, spec.uid_base)?;
-    let userns = open_userns(spec.userns_pid)?;
-    make_dir(&layout.lowers())?;
-    for (index, layer) in spec.layers.iter().enumerate() {
-        let target = layout.lower(index);
-        make_dir(&target)?;
-        mount_idmapped(layer, &target, &userns)?;
+    make_dir(&layout.rw())?;
+    for dir in [layout.upper(), layout.work()] {
+        make_dir(&dir)?;
+        rustix::fs::chown(&dir, Some(Uid::from_raw(spec.uid_base)), Some(Gid::from_raw(spec.uid_base)))
+            .map_err(|e| io_err("chown", &dir, e))?;
     }
-    make_dir(&layout.rootfs())?;
-    mount_overlay(layout, spec.layers.len())
+    make_dir(&layout.rootfs())
+}
+
+/// Mounts the overlay at `layout.rootfs()` on what [`prepare`] made, once
+/// `spec.userns_pid` has its user namespace mapped. On error, what was
+/// mounted stays for the caller's teardown to remove.
+pub(crate) fn build(layout: &Layout, spec: &RootfsSpec<'_>) -> Result<()> {
+    let userns = open_userns(spec.userns_pid)?;
+    let lowers = spec.layers.iter().map(|layer| idmapped_clone(layer, &userns)).collect::<Result<Vec<_>>>()?;
+    mount_overlay(layout, &lowers)
 }
 
 /// A 0755 directory whatever the umask.
@@ -70,31 +95,14 @@ fn io_err(op: &str, path: &Path, e: impl Into<io::Error>) -> BackendError {
     BackendError::io(format!("{op} {}", path.display()), e.into())
 }
 
-/// A tmpfs whose size is the disk limit, with `upper/` and `work/` owned by
-/// the sandbox's root.
-fn mount_writable(layout: &Layout, disk_mib: u64, uid_base: u32) -> Result<()> {
-    let rw = layout.rw();
-    make_dir(&rw)?;
-    let options = CString::new(format!("size={disk_mib}m,mode=0755,uid={uid_base},gid={uid_base}"))
-        .map_err(|e| io_err("tmpfs options for", &rw, io::Error::other(e)))?;
-    mount("tmpfs", &rw, "tmpfs", MountFlags::NOSUID | MountFlags::NODEV, Some(options.as_c_str()))
-        .map_err(|e| io_err("mount tmpfs on", &rw, e))?;
-    for dir in [layout.upper(), layout.work()] {
-        make_dir(&dir)?;
-        rustix::fs::chown(&dir, Some(Uid::from_raw(uid_base)), Some(Gid::from_raw(uid_base)))
-            .map_err(|e| io_err("chown", &dir, e))?;
-    }
-    Ok(())
-}
-
 fn open_userns(pid: i32) -> Result<OwnedFd> {
     let path = PathBuf::from(format!("/proc/{pid}/ns/user"));
     rustix::fs::open(&path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).map_err(|e| io_err("open", &path, e))
 }
 
-/// Mounts a read-only clone of `layer` at `target` in which ids are shifted
-/// through `userns`: uid 0 in the layer shows as the sandbox's base uid.
-fn mount_idmapped(layer: &Path, target: &Path, userns: &OwnedFd) -> Result<()> {
+/// A detached, read-only clone of `layer` in which ids are shifted through
+/// `userns`: uid 0 in the layer shows as the sandbox's base uid.
+fn idmapped_clone(layer: &Path, userns: &OwnedFd) -> Result<OwnedFd> {
     let tree = open_tree(
         CWD,
         layer,
@@ -127,21 +135,22 @@ fn mount_idmapped(layer: &Path, target: &Path, userns: &OwnedFd) -> Result<()> {
     if rc != 0 {
         return Err(io_err("idmap (mount_setattr)", layer, io::Error::last_os_error()));
     }
-    move_mount(tree.as_fd(), "", CWD, target, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
-        .map_err(|e| io_err("move_mount to", target, e))
+    Ok(tree)
 }
 
-/// Overlayfs at `rootfs` over the idmapped lowers. Each lower goes in as its
-/// own `lowerdir+` so no path needs escaping and the option page cannot
-/// overflow. Devices are off: a device node in an image must not open a host
-/// device.
-fn mount_overlay(layout: &Layout, layers: usize) -> Result<()> {
+/// Overlayfs at `rootfs` over the detached lowers (bottom first), each
+/// named by its descriptor: overlayfs takes its own private clone of every
+/// layer at creation, so none of them has to be attached anywhere. Each
+/// lower goes in as its own `lowerdir+` so no path needs escaping and the
+/// option page cannot overflow. Devices are off: a device node in an image
+/// must not open a host device.
+fn mount_overlay(layout: &Layout, lowers: &[OwnedFd]) -> Result<()> {
     let target = layout.rootfs();
     let fs = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC).map_err(|e| io_err("fsopen overlay for", &target, e))?;
     // Overlay's first lower is the top one; the spec lists layers bottom first.
-    for index in (0..layers).rev() {
-        let lower = layout.lower(index);
-        fsconfig_set_string(fs.as_fd(), "lowerdir+", &lower).map_err(|e| io_err("overlay lowerdir+", &lower, e))?;
+    for lower in lowers.iter().rev() {
+        let path = PathBuf::from(format!("/proc/self/fd/{}", lower.as_raw_fd()));
+        fsconfig_set_string(fs.as_fd(), "lowerdir+", &path).map_err(|e| io_err("overlay lowerdir+", &path, e))?;
     }
     let (upper, work) = (layout.upper(), layout.work());
     fsconfig_set_string(fs.as_fd(), "upperdir", &upper).map_err(|e| io_err("overlay upperdir", &upper, e))?;
@@ -190,23 +199,40 @@ fn unescape_mountinfo(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Detaches the mount at `dir`, and with it every mount below it. True when
+/// `dir` was a mount point; false when it was not (a sandbox made before
+/// the sandbox dir had its own tmpfs, or one whose create stopped before
+/// it), and only [`unmount_all_under`] can tell what is mounted below.
+pub(crate) fn detach(dir: &Path) -> Result<bool> {
+    match unmount(dir, UnmountFlags::NOFOLLOW | UnmountFlags::DETACH) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => Ok(false),
+        Err(e) => Err(io_err("detach", dir, e)),
+    }
+}
+
 /// Unmounts everything at or below `dir`, deepest first. A mount still
 /// busy (an open file handle of the node, say) is detached instead.
 pub(crate) fn unmount_all_under(dir: &Path) -> Result<()> {
-    // Each pass removes at least one mount; the bound only guards against a
-    // mount that keeps reappearing.
-    for _ in 0..1000 {
+    // Each pass unmounts what mountinfo listed; the bound only guards
+    // against mounts that keep reappearing.
+    for _ in 0..100 {
         let mounts = mounts_under(dir)?;
-        let Some(point) = mounts.first() else { return Ok(()) };
-        match unmount(point, UnmountFlags::NOFOLLOW) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::BUSY) => {
-                unmount(point, UnmountFlags::NOFOLLOW | UnmountFlags::DETACH)
-                    .map_err(|e| io_err("detach", point, e))?;
+        if mounts.is_empty() {
+            return Ok(());
+        }
+        for point in &mounts {
+            match unmount(point, UnmountFlags::NOFOLLOW) {
+                Ok(()) => {}
+                Err(rustix::io::Errno::BUSY) => {
+                    unmount(point, UnmountFlags::NOFOLLOW | UnmountFlags::DETACH)
+                        .map_err(|e| io_err("detach", point, e))?;
+                }
+                // Gone between reading mountinfo and the call (or with a
+                // parent detached before it).
+                Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(io_err("unmount", point, e)),
             }
-            // Gone between reading mountinfo and the call.
-            Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => {}
-            Err(e) => return Err(io_err("unmount", point, e)),
         }
     }
     Err(BackendError::Setup(format!("mounts under {} keep reappearing", dir.display())))
@@ -246,8 +272,17 @@ mod tests {
         }
     }
 
+    /// A run dir with one sandbox directory, and layers made by `layers`.
+    fn sandbox_dir(tmp: &Path) -> Layout {
+        let run = tmp.join("run");
+        fs::create_dir(&run).unwrap();
+        let layout = Layout::new(&run, "sb");
+        fs::create_dir(layout.dir()).unwrap();
+        layout
+    }
+
     #[test]
-    fn overlay_of_idmapped_layers_shifts_ownership_and_unmounts_cleanly() {
+    fn overlay_of_idmapped_layers_shifts_ownership_within_the_disk_limit() {
         let tmp = tempfile::tempdir().unwrap();
         let bottom = tmp.path().join("bottom");
         let top = tmp.path().join("top");
@@ -258,20 +293,15 @@ mod tests {
         fs::write(top.join("shadowed"), "top").unwrap();
         rustix::fs::chown(bottom.join("etc/name").as_path(), Some(Uid::from_raw(1000)), Some(Gid::from_raw(1000)))
             .unwrap();
-        let run = tmp.path().join("run");
-        fs::create_dir(&run).unwrap();
-        let layout = Layout::new(&run, "sb");
-        fs::create_dir(layout.dir()).unwrap();
+        let layout = sandbox_dir(tmp.path());
         let _unmount = Unmount(layout.dir().to_path_buf());
 
         let base = 1 << 30;
         let userns = Userns::new(base);
-        let spec = RootfsSpec {
-            layers: &[bottom.clone(), top.clone()],
-            disk_mib: 4,
-            uid_base: base,
-            userns_pid: userns.0.id() as i32,
-        };
+        let spec =
+            RootfsSpec { layers: &[bottom.clone(), top.clone()], uid_base: base, userns_pid: userns.0.id() as i32 };
+        mount_sandbox_dir(&layout, 4).unwrap();
+        prepare(&layout, &spec).unwrap();
         build(&layout, &spec).unwrap();
 
         let root = layout.rootfs();
@@ -279,19 +309,45 @@ mod tests {
         assert_eq!(fs::metadata(root.join("etc")).unwrap().uid(), base);
         assert_eq!(fs::metadata(root.join("etc/name")).unwrap().uid(), base + 1000);
         assert_eq!(fs::metadata(&root).unwrap().uid(), base);
-        // The layers themselves are untouched and read-only through the clones.
+        // The layers themselves are untouched, and read-only through the clones.
         assert_eq!(fs::metadata(bottom.join("etc")).unwrap().uid(), 0);
-        assert!(fs::write(layout.lower(0).join("x"), "").is_err());
-        // Writes land in the tmpfs upper layer, bounded by its size.
+        fs::write(root.join("etc/name"), "changed").unwrap();
+        assert_eq!(fs::read_to_string(bottom.join("etc/name")).unwrap(), "bottom");
+        // Writes land in the upper layer, bounded by the sandbox's tmpfs.
         fs::write(root.join("new"), "x").unwrap();
         assert!(layout.upper().join("new").exists());
         assert!(!top.join("new").exists());
         let big = vec![0u8; 5 << 20];
         assert_eq!(fs::write(root.join("big"), &big).unwrap_err().raw_os_error(), Some(libc::ENOSPC));
 
-        assert_eq!(mounts_under(layout.dir()).unwrap().len(), 4);
+        // Only the tmpfs and the overlay are in the host's mount table.
+        assert_eq!(mounts_under(layout.dir()).unwrap().len(), 2);
         unmount_all_under(layout.dir()).unwrap();
         assert!(mounts_under(layout.dir()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn detaching_the_sandbox_dir_takes_every_mount_of_the_sandbox_along() {
+        let tmp = tempfile::tempdir().unwrap();
+        let layer = tmp.path().join("layer");
+        fs::create_dir_all(layer.join("etc")).unwrap();
+        let layout = sandbox_dir(tmp.path());
+        let _unmount = Unmount(layout.dir().to_path_buf());
+
+        let base = 1 << 30;
+        let userns = Userns::new(base);
+        let spec = RootfsSpec { layers: &[layer], uid_base: base, userns_pid: userns.0.id() as i32 };
+        mount_sandbox_dir(&layout, 4).unwrap();
+        prepare(&layout, &spec).unwrap();
+        build(&layout, &spec).unwrap();
+        fs::write(layout.slot_file(), "0").unwrap();
+        assert_eq!(mounts_under(layout.dir()).unwrap().len(), 2);
+
+        assert!(detach(layout.dir()).unwrap());
+        assert!(mounts_under(layout.dir()).unwrap().is_empty());
+        // Everything lived on the tmpfs: the host directory is empty.
+        fs::remove_dir(layout.dir()).unwrap();
+        assert!(!detach(layout.dir()).unwrap());
     }
 
     #[test]

@@ -1,17 +1,21 @@
 //! Starting `warren-init` for a new sandbox and walking it through the setup
 //! sequence of [`warren_init::proto::setup`].
 
+use std::ffi::{c_char, CString};
 use std::fs;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream as StdUnixStream};
 use std::path::Path;
-use std::process::Stdio;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use rustix::process::{WaitId, WaitIdOptions};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Interest, Lines};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
-use tokio::process::{Child, Command};
+use warren_guard::cgroup::SpawnTarget;
 use warren_init::proto::setup::{HostSays, InitSays};
 use warren_init::proto::{LISTEN_FD, SETUP_FD};
 
@@ -22,6 +26,48 @@ use crate::{BackendError, Result};
 /// ones into place.
 const SCRATCH_FD: i32 = 10;
 
+/// `clone3` flags (linux/sched.h); the libc crate lacks some of them.
+const CLONE_PIDFD: u64 = 0x1000;
+const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// `struct clone_args` of `clone3(2)` (version 2, with `cgroup`).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// The steps the child reports a failure of, before it could exec.
+#[derive(Debug, Clone, Copy)]
+#[repr(u32)]
+enum ChildStep {
+    JoinCgroup = 1,
+    PlaceFds = 2,
+    Exec = 3,
+}
+
+impl ChildStep {
+    fn describe(code: u32) -> &'static str {
+        match code {
+            1 => "join the sandbox's v1 cgroups",
+            2 => "move the inherited descriptors into place",
+            3 => "exec",
+            _ => "an unknown step",
+        }
+    }
+}
+
 /// Binds the control listener at `layout.ctl_sock()`, owner-only.
 pub(crate) fn bind_control(layout: &Layout) -> Result<OwnedFd> {
     let path = layout.ctl_sock();
@@ -31,36 +77,232 @@ pub(crate) fn bind_control(layout: &Layout) -> Result<OwnedFd> {
     Ok(OwnedFd::from(listener))
 }
 
-/// Spawns init with the setup socket at fd 3 and `listener` at fd 4, no
-/// environment and no stdio. No parent-death signal: sandboxes outlive a
-/// restart of the server.
-pub(crate) fn spawn_init(init_binary: &Path, listener: OwnedFd) -> Result<(Child, SetupChannel)> {
-    let (host_end, init_end) = StdUnixStream::pair().map_err(|e| BackendError::io("socketpair", e))?;
-    let (setup_fd, listen_fd) = (init_end.as_raw_fd(), listener.as_raw_fd());
-    let mut command = Command::new(init_binary);
-    command.arg0("warren-init").env_clear().stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-    // SAFETY: the closure runs between fork and exec and only calls fcntl(2)
-    // and dup2(2), which are async-signal-safe; it allocates nothing. The fds
-    // it reads stay open in the parent until spawn returns.
-    unsafe {
-        command.pre_exec(move || place_fds(setup_fd, listen_fd));
-    }
-    let child = command.spawn().map_err(|e| BackendError::io(format!("spawn {}", init_binary.display()), e))?;
-    // The child has its copies; ours must close so EOF means init is gone.
-    drop((init_end, listener));
-    host_end.set_nonblocking(true).map_err(|e| BackendError::io("setup socket", e))?;
-    let stream = UnixStream::from_std(host_end).map_err(|e| BackendError::io("setup socket", e))?;
-    Ok((child, SetupChannel::new(stream)))
+/// The first init process until it is reaped. Named by a pidfd, so neither
+/// a kill nor a wait can reach a recycled pid.
+pub(crate) struct FirstInit {
+    pid: i32,
+    /// `None` once reaped.
+    pidfd: Option<OwnedFd>,
 }
 
-/// Moves the two inherited fds to their fixed numbers. Both are first copied
-/// above [`SCRATCH_FD`] (close-on-exec) so that neither `dup2` can overwrite
-/// the other's source; `dup2` then leaves the final numbers inheritable.
-fn place_fds(setup_fd: i32, listen_fd: i32) -> std::io::Result<()> {
-    let setup_copy = scratch_copy(setup_fd)?;
-    let listen_copy = scratch_copy(listen_fd)?;
-    move_to(setup_copy, SETUP_FD)?;
-    move_to(listen_copy, LISTEN_FD)
+impl FirstInit {
+    pub(crate) fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// SIGKILL, unless it was reaped already.
+    pub(crate) fn kill(&self) {
+        if let Some(pidfd) = &self.pidfd {
+            // ESRCH (it exited) is fine: the wait collects it.
+            let _ = rustix::process::pidfd_send_signal(pidfd, rustix::process::Signal::KILL);
+        }
+    }
+
+    /// Waits for it to exit and reaps it.
+    pub(crate) async fn wait(&mut self) -> io::Result<()> {
+        let Some(pidfd) = self.pidfd.as_ref() else { return Ok(()) };
+        // A pidfd becomes readable when its process exits.
+        // SAFETY: the borrow keeps `pidfd` open, and naming the same file,
+        // for as long as `exited` lives.
+        let exited = unsafe { AsyncFd::register_with_interest(pidfd.as_fd(), Interest::READABLE) }?;
+        loop {
+            if reap(pidfd, WaitIdOptions::NOHANG)? {
+                break;
+            }
+            exited.readable().await?.clear_ready();
+        }
+        drop(exited);
+        self.pidfd = None;
+        Ok(())
+    }
+}
+
+impl Drop for FirstInit {
+    /// An abandoned create: kill it and reap it off the caller's thread.
+    fn drop(&mut self) {
+        if let Some(pidfd) = self.pidfd.take() {
+            let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+            std::thread::spawn(move || reap(&pidfd, WaitIdOptions::empty()));
+        }
+    }
+}
+
+/// True once the process of `pidfd` has been reaped (or is not ours to reap).
+fn reap(pidfd: &OwnedFd, options: WaitIdOptions) -> io::Result<bool> {
+    loop {
+        match rustix::process::waitid(WaitId::PidFd(pidfd.as_fd()), WaitIdOptions::EXITED | options) {
+            Ok(Some(_)) | Err(rustix::io::Errno::CHILD) => return Ok(true),
+            Ok(None) => return Ok(false),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Spawns init with the setup socket at fd 3 and `listener` at fd 4, no
+/// environment, `/dev/null` as stdio, already inside the sandbox's cgroups
+/// (`cgroups`): it is born in the cgroup2 directory and moves itself into
+/// the v1 ones before it execs, so no `cgroup.procs` write (and its RCU
+/// grace period) is ever needed. No parent-death signal: sandboxes outlive a
+/// restart of the server.
+pub(crate) fn spawn_init(
+    init_binary: &Path,
+    listener: OwnedFd,
+    cgroups: &SpawnTarget,
+) -> Result<(FirstInit, SetupChannel)> {
+    let (host_end, init_end) = StdUnixStream::pair().map_err(|e| BackendError::io("socketpair", e))?;
+    let program = CString::new(init_binary.as_os_str().as_bytes())
+        .map_err(|_| BackendError::Setup(format!("init binary path {} holds a NUL", init_binary.display())))?;
+    let null = rustix::fs::open("/dev/null", rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC, 0.into())
+        .map_err(|e| BackendError::io("open /dev/null", e.into()))?;
+    let fds = ChildFds {
+        null: null.as_raw_fd(),
+        setup: init_end.as_raw_fd(),
+        listen: listener.as_raw_fd(),
+        v1_tasks: cgroups.v1_tasks.iter().map(AsRawFd::as_raw_fd).collect(),
+        unified_dir: cgroups.unified_dir.as_raw_fd(),
+    };
+    let first =
+        clone_init(&program, &fds).map_err(|e| BackendError::io(format!("spawn {}", init_binary.display()), e))?;
+    // The child has its copies; ours must close so EOF means init is gone.
+    drop((init_end, listener, null));
+    host_end.set_nonblocking(true).map_err(|e| BackendError::io("setup socket", e))?;
+    let stream = UnixStream::from_std(host_end).map_err(|e| BackendError::io("setup socket", e))?;
+    Ok((first, SetupChannel::new(stream)))
+}
+
+/// The descriptors the child works with, as plain numbers: between clone
+/// and exec it may not allocate or drop anything.
+struct ChildFds {
+    null: RawFd,
+    setup: RawFd,
+    listen: RawFd,
+    v1_tasks: Vec<RawFd>,
+    unified_dir: RawFd,
+}
+
+/// `clone3` into the cgroup2 directory, with a pidfd; the child runs
+/// [`child_main`]. Returns once the child has exec'd (or failed to: its
+/// report arrives on a close-on-exec pipe, as with `std::process`).
+fn clone_init(program: &CString, fds: &ChildFds) -> io::Result<FirstInit> {
+    let argv: [*const c_char; 2] = [c"warren-init".as_ptr(), std::ptr::null()];
+    let envp: [*const c_char; 1] = [std::ptr::null()];
+    let (report_rx, report_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let mut pidfd: RawFd = -1;
+    let args = CloneArgs {
+        flags: CLONE_PIDFD | CLONE_CLEAR_SIGHAND | CLONE_INTO_CGROUP,
+        pidfd: &mut pidfd as *mut RawFd as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: fds.unified_dir as u64,
+        ..CloneArgs::default()
+    };
+    // SAFETY: without CLONE_VM the child gets a copy of this address space
+    // and continues on (a copy of) this stack, like fork(2). The child only
+    // runs `child_main`, which makes async-signal-safe system calls on data
+    // prepared above and never returns. `args` and `pidfd` outlive the call.
+    let rc = unsafe { libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>()) };
+    if rc == 0 {
+        // SAFETY: this is the child; see child_main's contract.
+        unsafe { child_main(program, &argv, &envp, fds, report_tx.as_raw_fd()) }
+    }
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: with CLONE_PIDFD the kernel stored a new descriptor (close-on-
+    // exec) that nothing else owns.
+    let first = FirstInit { pid: rc as i32, pidfd: Some(unsafe { OwnedFd::from_raw_fd(pidfd) }) };
+    drop(report_tx);
+    let mut report = [0u8; 8];
+    match read_report(&report_rx, &mut report)? {
+        0 => Ok(first),
+        8 => {
+            let step = u32::from_ne_bytes([report[0], report[1], report[2], report[3]]);
+            let errno = i32::from_ne_bytes([report[4], report[5], report[6], report[7]]);
+            let error = io::Error::from_raw_os_error(errno);
+            // Dropping `first` reaps the child, which has _exit'ed.
+            Err(io::Error::new(error.kind(), format!("{}: {error}", ChildStep::describe(step))))
+        }
+        n => Err(io::Error::other(format!("short report ({n} bytes) from the child"))),
+    }
+}
+
+/// Reads until EOF or `buf` is full; the child writes its report in one go.
+fn read_report(pipe: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match rustix::io::read(pipe, &mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(got)
+}
+
+/// The child between `clone3` and `execve`: joins the v1 cgroups, puts the
+/// descriptors in place, clears the signal mask and execs init. On failure
+/// it writes `(step, errno)` to `report` and exits 127.
+///
+/// # Safety
+/// Only in the child of [`clone_init`]: a copy of a multi-threaded process,
+/// in which another thread may have held any lock, so only raw system calls
+/// on the prepared data are allowed - no allocation, no drop.
+unsafe fn child_main(
+    program: &CString,
+    argv: &[*const c_char; 2],
+    envp: &[*const c_char; 1],
+    fds: &ChildFds,
+    report: RawFd,
+) -> ! {
+    let fail = |step: ChildStep| -> ! {
+        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        let mut message = [0u8; 8];
+        message[..4].copy_from_slice(&(step as u32).to_ne_bytes());
+        message[4..].copy_from_slice(&errno.to_ne_bytes());
+        // SAFETY: write(2) and _exit(2) are async-signal-safe; `message`
+        // lives on this stack.
+        unsafe {
+            libc::write(report, message.as_ptr().cast(), message.len());
+            libc::_exit(127)
+        }
+    };
+    for &tasks in &fds.v1_tasks {
+        // SAFETY: write(2) of a static byte to an inherited descriptor.
+        // "0" names the calling thread, the child's only one.
+        if unsafe { libc::write(tasks, c"0".as_ptr().cast(), 1) } != 1 {
+            fail(ChildStep::JoinCgroup);
+        }
+    }
+    if place_fds(fds).is_err() {
+        fail(ChildStep::PlaceFds);
+    }
+    let empty: u64 = 0;
+    // SAFETY: rt_sigprocmask with a valid 8-byte set and no old-set pointer;
+    // the mask survives exec and init must start with nothing blocked.
+    unsafe {
+        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &empty as *const u64, std::ptr::null_mut::<u64>(), 8)
+    };
+    // SAFETY: `program`, `argv` and `envp` are NUL-terminated and live in
+    // the parent's frame, which this child's copy of the stack still holds.
+    unsafe { libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    fail(ChildStep::Exec)
+}
+
+/// Puts `/dev/null` at 0, 1 and 2, the setup socket at [`SETUP_FD`] and the
+/// listener at [`LISTEN_FD`]. Each is first copied above [`SCRATCH_FD`]
+/// (close-on-exec) so that no `dup2` can overwrite another's source (a
+/// server started with closed stdio has its sockets at 0-2); `dup2` then
+/// leaves the final numbers inheritable.
+fn place_fds(fds: &ChildFds) -> io::Result<()> {
+    let null = scratch_copy(fds.null)?;
+    let setup = scratch_copy(fds.setup)?;
+    let listen = scratch_copy(fds.listen)?;
+    for stdio in 0..3 {
+        move_to(null, stdio)?;
+    }
+    move_to(setup, SETUP_FD)?;
+    move_to(listen, LISTEN_FD)
 }
 
 fn scratch_copy(fd: i32) -> std::io::Result<i32> {
@@ -132,4 +374,55 @@ impl SetupChannel {
 
 pub(crate) fn unexpected(expected: &str, said: InitSays) -> BackendError {
     BackendError::Protocol(format!("expected {expected} during setup, init said {said:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_guard::cgroup::{Limits, SandboxCgroup, UNIFIED, V1_CONTROLLERS};
+
+    /// `target/<profile>/warren-init`, beside the `deps/` directory of this test binary.
+    fn init_binary() -> std::path::PathBuf {
+        let exe = std::env::current_exe().unwrap();
+        let init = exe.parent().and_then(Path::parent).unwrap().join("warren-init");
+        assert!(init.is_file(), "{} is missing: run `cargo build -p warren-init` first", init.display());
+        init
+    }
+
+    struct Cleanup(SandboxCgroup, String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = self.0.kill_all(std::time::Duration::from_secs(5));
+            let _ = self.0.remove();
+            let _ = SandboxCgroup::remove_instance(&self.1);
+        }
+    }
+
+    #[tokio::test]
+    async fn init_is_born_inside_every_cgroup_hierarchy_and_a_drop_reaps_it() {
+        let instance = format!("wt-spawn-{}", std::process::id());
+        let cgroup = SandboxCgroup::new(&instance, "sb").unwrap();
+        let _cleanup = Cleanup(cgroup.clone(), instance.clone());
+        cgroup.create(&Limits { memory_bytes: 64 << 20, cpus: 1.0, pids: 16 }).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path(), "sb");
+        fs::create_dir(layout.dir()).unwrap();
+
+        let listener = bind_control(&layout).unwrap();
+        let target = cgroup.spawn_target().unwrap();
+        let (mut first, mut setup) = spawn_init(&init_binary(), listener, &target).unwrap();
+        assert!(matches!(setup.next().await.unwrap(), InitSays::UsernsReady));
+        for hierarchy in V1_CONTROLLERS.into_iter().chain([UNIFIED]) {
+            assert_eq!(cgroup.pids(hierarchy).unwrap(), vec![first.pid()], "{hierarchy}");
+        }
+        first.kill();
+        first.wait().await.unwrap();
+        assert!(cgroup.pids("memory").unwrap().is_empty());
+        // A binary that cannot be exec'd is reported with the step that failed.
+        let other = Layout::new(dir.path(), "other");
+        fs::create_dir(other.dir()).unwrap();
+        let listener = bind_control(&other).unwrap();
+        let missing = spawn_init(Path::new("/nonexistent/warren-init"), listener, &target).err().unwrap();
+        assert!(missing.to_string().contains("exec: No such file"), "{missing}");
+    }
 }

@@ -1,9 +1,11 @@
 //! What the driver remembers about a sandbox: the handle's state, the files
 //! under its run directory, the identity of its PID 1, and its uid range.
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::io::{self, ErrorKind};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
 
@@ -12,7 +14,8 @@ use crate::{BackendError, Result};
 /// How many uids and gids each sandbox maps (root to 65535 inside).
 pub(crate) const IDS_PER_SANDBOX: u32 = 65_536;
 
-/// The files and mount points under `run_dir/<id>/`.
+/// The files and mount points under `run_dir/<id>/`, all on the sandbox's
+/// own tmpfs.
 #[derive(Debug, Clone)]
 pub(crate) struct Layout {
     dir: PathBuf,
@@ -26,7 +29,8 @@ impl Layout {
     pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
-    /// The tmpfs that holds the writable layer; its size is the disk limit.
+    /// Holds the writable layer, on the sandbox's tmpfs at [`Layout::dir`]
+    /// (whose size is the disk limit).
     pub(crate) fn rw(&self) -> PathBuf {
         self.dir.join("rw")
     }
@@ -35,12 +39,6 @@ impl Layout {
     }
     pub(crate) fn work(&self) -> PathBuf {
         self.rw().join("work")
-    }
-    pub(crate) fn lowers(&self) -> PathBuf {
-        self.dir.join("lower")
-    }
-    pub(crate) fn lower(&self, index: usize) -> PathBuf {
-        self.lowers().join(index.to_string())
     }
     pub(crate) fn rootfs(&self) -> PathBuf {
         self.dir.join("rootfs")
@@ -149,16 +147,24 @@ impl HandleState {
     }
 }
 
-/// Hands out uid slots: slot `n` maps `uid_base_start + n * 65536`.
-/// Callers serialize [`claim_slot`] with a lock; the slot files under the
-/// run directory are the record, so the choice survives a restart.
-#[derive(Debug, Clone)]
+/// Hands out uid slots: slot `n` maps `uid_base_start + n * 65536`. The
+/// slot files under the run directory are the record, so the choice
+/// survives a restart; they are read once, on the first claim, and from
+/// then on the book follows every claim and release itself, so a create
+/// does not read one file per running sandbox.
+#[derive(Debug)]
 pub(crate) struct SlotBook {
-    pub(crate) run_dir: PathBuf,
-    pub(crate) uid_base_start: u32,
+    run_dir: PathBuf,
+    uid_base_start: u32,
+    /// `None` until the slot files have been read.
+    taken: Mutex<Option<BTreeSet<u32>>>,
 }
 
 impl SlotBook {
+    pub(crate) fn new(run_dir: PathBuf, uid_base_start: u32) -> SlotBook {
+        SlotBook { run_dir, uid_base_start, taken: Mutex::new(None) }
+    }
+
     pub(crate) fn capacity(&self) -> u32 {
         // The last id (u32::MAX) means "no id" to the kernel.
         (u32::MAX - self.uid_base_start) / IDS_PER_SANDBOX
@@ -168,34 +174,45 @@ impl SlotBook {
         self.uid_base_start + slot * IDS_PER_SANDBOX
     }
 
-    /// Picks the lowest slot no sandbox directory holds and records it in
-    /// `layout`'s slot file.
+    fn lock(&self) -> MutexGuard<'_, Option<BTreeSet<u32>>> {
+        self.taken.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Picks the lowest slot no sandbox holds and records it in `layout`'s
+    /// slot file.
     pub(crate) fn claim_slot(&self, layout: &Layout) -> Result<u32> {
-        let mut taken = self.taken_slots()?;
-        taken.sort_unstable();
-        taken.dedup();
-        let slot =
-            taken.iter().enumerate().find(|&(i, &s)| i as u32 != s).map_or(taken.len() as u32, |(i, _)| i as u32);
+        let mut guard = self.lock();
+        let taken = match guard.as_mut() {
+            Some(taken) => taken,
+            None => guard.insert(self.taken_on_disk()?),
+        };
+        // The first gap in the sorted set, or the slot after the last.
+        let slot = taken.iter().zip(0u32..).find(|&(&s, i)| s != i).map_or(taken.len() as u32, |(_, i)| i);
         if slot >= self.capacity() {
             return Err(BackendError::Setup(format!("all {} uid ranges are in use", self.capacity())));
         }
         let path = layout.slot_file();
         fs::write(&path, slot.to_string()).map_err(|e| BackendError::io(format!("write {}", path.display()), e))?;
+        taken.insert(slot);
         Ok(slot)
     }
 
-    fn taken_slots(&self) -> Result<Vec<u32>> {
+    /// Frees `slot` once the directory that held it is gone.
+    pub(crate) fn release(&self, slot: u32) {
+        if let Some(taken) = self.lock().as_mut() {
+            taken.remove(&slot);
+        }
+    }
+
+    /// The slot `layout`'s slot file records, if it can be read.
+    pub(crate) fn recorded(layout: &Layout) -> Option<u32> {
+        fs::read_to_string(layout.slot_file()).ok()?.trim().parse().ok()
+    }
+
+    fn taken_on_disk(&self) -> Result<BTreeSet<u32>> {
         let entries =
             fs::read_dir(&self.run_dir).map_err(|e| BackendError::io(format!("read {}", self.run_dir.display()), e))?;
-        let mut slots = Vec::new();
-        for entry in entries.flatten() {
-            if let Ok(text) = fs::read_to_string(entry.path().join("slot")) {
-                if let Ok(slot) = text.trim().parse() {
-                    slots.push(slot);
-                }
-            }
-        }
-        Ok(slots)
+        Ok(entries.flatten().filter_map(|entry| SlotBook::recorded(&Layout { dir: entry.path() })).collect())
     }
 }
 
@@ -221,17 +238,22 @@ mod tests {
     #[test]
     fn slots_fill_gaps_and_persist_in_files() {
         let dir = tempfile::tempdir().unwrap();
-        let book = SlotBook { run_dir: dir.path().to_path_buf(), uid_base_start: 1 << 30 };
-        let layouts: Vec<Layout> = (0..3).map(|i| Layout::new(dir.path(), &format!("s{i}"))).collect();
+        let book = SlotBook::new(dir.path().to_path_buf(), 1 << 30);
+        let layouts: Vec<Layout> = (0..4).map(|i| Layout::new(dir.path(), &format!("s{i}"))).collect();
         for l in &layouts {
             fs::create_dir(l.dir()).unwrap();
         }
         assert_eq!(book.claim_slot(&layouts[0]).unwrap(), 0);
         assert_eq!(book.claim_slot(&layouts[1]).unwrap(), 1);
         fs::remove_dir_all(layouts[0].dir()).unwrap();
+        book.release(0);
         assert_eq!(book.claim_slot(&layouts[2]).unwrap(), 0);
         assert_eq!(book.uid_base(1), (1 << 30) + 65_536);
         let last = book.uid_base(book.capacity() - 1);
         assert!(last.checked_add(IDS_PER_SANDBOX - 1).is_some_and(|top| top < u32::MAX));
+        // A new book (a restarted server) learns the taken slots from the files.
+        let restarted = SlotBook::new(dir.path().to_path_buf(), 1 << 30);
+        assert_eq!(restarted.claim_slot(&layouts[3]).unwrap(), 2);
+        assert_eq!(SlotBook::recorded(&layouts[3]), Some(2));
     }
 }

@@ -11,6 +11,7 @@ use rustix::process::{waitpid, Pid, WaitOptions};
 use warren_guard::cgroup::{CgroupError, SandboxCgroup};
 
 use super::rootfs;
+use super::run_dir::RunDir;
 use super::state::{Layout, ProcessId};
 use crate::{BackendError, Result};
 
@@ -25,6 +26,8 @@ pub(crate) struct Remains {
     pub(crate) layout: Layout,
     pub(crate) cgroup: SandboxCgroup,
     pub(crate) pid1: Option<ProcessId>,
+    /// Where the sandbox directory lives (it goes with the last sandbox).
+    pub(crate) run_dir: std::sync::Arc<RunDir>,
 }
 
 impl Remains {
@@ -40,9 +43,12 @@ impl Remains {
         // A backstop for PID 1's namespace teardown, and the only killer
         // when PID 1 is unknown or not our child.
         self.cgroup.kill_all(KILL_TIMEOUT).map_err(cgroup_err)?;
-        rootfs::unmount_all_under(self.layout.dir())?;
+        let dir = self.layout.dir();
+        if !rootfs::detach(dir)? {
+            rootfs::unmount_all_under(dir)?;
+        }
         self.cgroup.remove().map_err(cgroup_err)?;
-        remove_dir(&self.layout)
+        remove_dir(&self.layout, &self.run_dir)
     }
 }
 
@@ -100,11 +106,21 @@ fn wait_exit(pid: Pid, at_most: Duration) {
     let _ = rustix::event::poll(&mut fds, timeout.as_ref());
 }
 
-/// Removes the run directory, but never while a mount sits below it:
-/// deleting recursively through a mount would reach into a layer or a
-/// still-attached writable layer.
-fn remove_dir(layout: &Layout) -> Result<()> {
+/// Removes the sandbox directory, but never through a mount: deleting
+/// recursively through one would reach into a layer or a still-attached
+/// writable layer. Once its tmpfs is detached the directory is empty, and
+/// `rmdir` alone refuses a mount point; only a directory of the old layout
+/// (files on the host's filesystem) takes the checked recursive path.
+fn remove_dir(layout: &Layout, run_dir: &RunDir) -> Result<()> {
     let dir = layout.dir();
+    match run_dir.remove_sandbox_dir(dir) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        // Something was stacked on the tmpfs, or mounted where it never was.
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => rootfs::unmount_all_under(dir)?,
+        Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty => {}
+        Err(e) => return Err(BackendError::io(format!("remove {}", dir.display()), e)),
+    }
     let left = rootfs::mounts_under(dir)?;
     if !left.is_empty() {
         return Err(BackendError::io(
