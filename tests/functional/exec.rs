@@ -240,6 +240,15 @@ async fn resume_from_an_offset_returns_exactly_the_rest() {
     let at_end = server.resume(&sb.id, exec_id, out.len() as u64, err.len() as u64).await;
     assert_eq!(at_end.len(), 1, "nothing but `end` past the last byte: {at_end:?}");
     end_result(&at_end);
+
+    // After a restart the exec is only in the state store: the replay from
+    // the stored capture gives exactly the same bytes.
+    let mut server = server;
+    server.restart().await;
+    let replayed = server.resume(&sb.id, exec_id, 1000, 777).await;
+    assert_eq!(frame_bytes(&replayed, StreamName::Stdout), out[1000..]);
+    assert_eq!(frame_bytes(&replayed, StreamName::Stderr), err[777..]);
+    assert_eq!(end_result(&replayed).exit_code, Some(0));
     server.finish().await;
 }
 

@@ -35,6 +35,22 @@ impl Capture {
         Capture { head: Vec::new(), head_cap, tail: VecDeque::new(), tail_cap: cap - head_cap, total: 0 }
     }
 
+    /// Rebuilds a finished capture from its client-facing record, so a
+    /// stored exec is read back exactly as a live one is.
+    pub fn restore(output: &warren_api::CapturedOutput) -> Self {
+        use base64::Engine as _;
+        let kept = base64::engine::general_purpose::STANDARD.decode(&output.data_b64).unwrap_or_default();
+        let head_len = output.dropped_at.map_or(kept.len(), |h| (h as usize).min(kept.len()));
+        let (head, tail) = kept.split_at(head_len);
+        Capture {
+            head: head.to_vec(),
+            head_cap: head.len(),
+            tail: tail.iter().copied().collect(),
+            tail_cap: tail.len(),
+            total: output.total_bytes.max(kept.len() as u64),
+        }
+    }
+
     pub fn append(&mut self, mut data: &[u8]) {
         self.total += data.len() as u64;
         if self.head.len() < self.head_cap {
@@ -149,6 +165,19 @@ mod tests {
         assert_eq!(data(&c.read_from(24)), b"yz");
         let out = c.to_output();
         assert_eq!((out.text.as_str(), out.dropped_bytes, out.dropped_at), ("abcdwxyz", 18, Some(4)));
+    }
+
+    #[test]
+    fn a_restored_capture_reads_back_like_the_original() {
+        let mut c = Capture::new(8);
+        c.append(b"abcdefghijklmnopqrstuvwxyz");
+        let restored = Capture::restore(&c.to_output());
+        for offset in [0, 3, 4, 10, 22, 25, 26] {
+            assert_eq!(restored.read_from(offset), c.read_from(offset), "offset {offset}");
+        }
+        let mut small = Capture::new(64);
+        small.append(b"whole");
+        assert_eq!(Capture::restore(&small.to_output()).read_from(1), small.read_from(1));
     }
 
     #[test]

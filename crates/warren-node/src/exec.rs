@@ -142,26 +142,8 @@ impl ExecEntry {
     fn frames_from(&self, offsets: &mut [u64; 2]) -> (Vec<ExecFrame>, bool) {
         let st = self.lock();
         let mut frames = Vec::new();
-        for (i, (name, cap)) in
-            [(StreamName::Stdout, &st.stdout), (StreamName::Stderr, &st.stderr)].into_iter().enumerate()
-        {
-            for chunk in cap.read_from(offsets[i]) {
-                match chunk {
-                    Chunk::Data { offset, bytes } => {
-                        offsets[i] = offset + bytes.len() as u64;
-                        frames.push(ExecFrame::Output {
-                            stream: name,
-                            offset,
-                            data_b64: base64::engine::general_purpose::STANDARD.encode(&bytes),
-                        });
-                    }
-                    Chunk::Gap { offset, len } => {
-                        offsets[i] = offset + len;
-                        frames.push(ExecFrame::Gap { stream: name, offset, dropped_bytes: len });
-                    }
-                }
-            }
-        }
+        push_frames(StreamName::Stdout, &st.stdout, &mut offsets[0], &mut frames);
+        push_frames(StreamName::Stderr, &st.stderr, &mut offsets[1], &mut frames);
         let done = match &st.result {
             Some(r) => {
                 frames.push(ExecFrame::End { result: Box::new(r.clone()) });
@@ -277,5 +259,25 @@ impl ExecEntry {
     /// Ends an exec that never reached a process (or was lost across a restart).
     pub fn finish_without_process(&self, status: ExecStatus) {
         self.finish(Finish { status, exit: None });
+    }
+}
+
+/// Appends the frames of `capture` from `*offset` on, and moves `*offset` past them.
+pub(crate) fn push_frames(name: StreamName, capture: &Capture, offset: &mut u64, frames: &mut Vec<ExecFrame>) {
+    for chunk in capture.read_from(*offset) {
+        match chunk {
+            Chunk::Data { offset: at, bytes } => {
+                *offset = at + bytes.len() as u64;
+                frames.push(ExecFrame::Output {
+                    stream: name,
+                    offset: at,
+                    data_b64: base64::engine::general_purpose::STANDARD.encode(&bytes),
+                });
+            }
+            Chunk::Gap { offset: at, len } => {
+                *offset = at + len;
+                frames.push(ExecFrame::Gap { stream: name, offset: at, dropped_bytes: len });
+            }
+        }
     }
 }

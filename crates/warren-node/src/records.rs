@@ -2,10 +2,12 @@
 
 use std::collections::BTreeMap;
 
-use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use warren_api::{CreateSandboxRequest, ExecFrame, ExecResult, ImageInfo, SandboxInfo, SessionInfo, StreamName};
 use warren_backend::SandboxHandle;
+
+use crate::capture::Capture;
+use crate::exec::push_frames;
 
 /// One sandbox, keyed by id in [`Table::Sandboxes`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -79,35 +81,12 @@ pub fn image_info(img: warren_image::Image) -> ImageInfo {
 pub fn replay_frames(mut result: ExecResult, stdout_offset: u64, stderr_offset: u64) -> Vec<ExecFrame> {
     let mut frames = Vec::new();
     if let Some(output) = result.output.take() {
-        for (name, cap, from) in
-            [(StreamName::Stdout, output.stdout, stdout_offset), (StreamName::Stderr, output.stderr, stderr_offset)]
-        {
-            let kept = base64::engine::general_purpose::STANDARD.decode(&cap.data_b64).unwrap_or_default();
-            let head_len = cap.dropped_at.unwrap_or(kept.len() as u64);
-            let tail_start = head_len + cap.dropped_bytes;
-            // The kept bytes are the head (offsets 0..) followed by the tail (offsets tail_start..).
-            let (head, tail) = kept.split_at((head_len as usize).min(kept.len()));
-            let mut off = from;
-            if off < head_len {
-                frames.push(output_frame(name, off, &head[off as usize..]));
-                off = head_len;
-            }
-            if off < tail_start {
-                frames.push(ExecFrame::Gap { stream: name, offset: off, dropped_bytes: tail_start - off });
-                off = tail_start;
-            }
-            if off < cap.total_bytes {
-                let skip = ((off - tail_start) as usize).min(tail.len());
-                frames.push(output_frame(name, off, &tail[skip..]));
-            }
-        }
+        let (mut out_at, mut err_at) = (stdout_offset, stderr_offset);
+        push_frames(StreamName::Stdout, &Capture::restore(&output.stdout), &mut out_at, &mut frames);
+        push_frames(StreamName::Stderr, &Capture::restore(&output.stderr), &mut err_at, &mut frames);
     }
     frames.push(ExecFrame::End { result: Box::new(result) });
     frames
-}
-
-fn output_frame(stream: StreamName, offset: u64, data: &[u8]) -> ExecFrame {
-    ExecFrame::Output { stream, offset, data_b64: base64::engine::general_purpose::STANDARD.encode(data) }
 }
 
 /// The API's view of an event init recorded.
