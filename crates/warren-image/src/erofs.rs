@@ -30,7 +30,7 @@ use sha2::{Digest, Sha256};
 pub use format::FormatError;
 
 use crate::error::ImageError;
-use crate::fsutil::{fsync_dir, random_hex_id, DirGuard};
+use crate::fsutil::{fsync_dir, private_scratch_dir, DirGuard};
 
 /// The UUID layers get unless the caller picks one. Only overlayfs's
 /// `index`/`nfs_export` features (off by default) care that lower layers'
@@ -292,14 +292,7 @@ struct Scratch(DirGuard);
 
 impl Scratch {
     fn new(dest: &Path) -> Result<Self, ErofsError> {
-        let id = random_hex_id().map_err(ErofsError::Scratch)?;
-        let path = parent_of(dest).join(format!(".erofs-build-{id}"));
-        std::fs::create_dir(&path).map_err(|e| io_err(format!("creating {}", path.display()), e))?;
-        let guard = DirGuard::new(path);
-        // The tree may hold set-id files owned by anyone: keep others out.
-        std::fs::set_permissions(guard.path(), std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| io_err(format!("setting the mode of {}", guard.path().display()), e))?;
-        Ok(Self(guard))
+        private_scratch_dir(parent_of(dest), ".erofs-build-").map(Self).map_err(ErofsError::Scratch)
     }
 
     fn dir(&self) -> &Path {

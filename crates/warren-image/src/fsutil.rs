@@ -18,6 +18,19 @@ pub(crate) fn random_hex_id() -> Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// A fresh `<parent>/<prefix><random>` directory only root can enter (the
+/// trees built in it may hold set-id files owned by anyone), removed when the
+/// guard drops.
+pub(crate) fn private_scratch_dir(parent: &Path, prefix: &str) -> Result<DirGuard> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = parent.join(format!("{prefix}{}", random_hex_id()?));
+    std::fs::create_dir(&path).context(|| format!("creating {}", path.display()))?;
+    let guard = DirGuard::new(path);
+    std::fs::set_permissions(guard.path(), std::fs::Permissions::from_mode(0o700))
+        .context(|| format!("setting the mode of {}", guard.path().display()))?;
+    Ok(guard)
+}
+
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

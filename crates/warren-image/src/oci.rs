@@ -26,7 +26,7 @@ use sha2::{Digest, Sha256};
 
 use crate::erofs::{self, BuildOptions, BuiltLayer, ErofsError};
 use crate::error::ImageError;
-use crate::fsutil::{fsync_dir, random_hex_id, DirGuard};
+use crate::fsutil::{fsync_dir, private_scratch_dir, DirGuard};
 
 const MEDIA_OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const MEDIA_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
@@ -644,13 +644,7 @@ struct Scratch(DirGuard);
 
 impl Scratch {
     fn new(out_dir: &Path) -> Result<Self, OciError> {
-        let id = random_hex_id().map_err(OciError::Scratch)?;
-        let path = out_dir.join(format!(".import-{id}"));
-        std::fs::create_dir(&path).map_err(|e| io_err(format!("creating {}", path.display()), e))?;
-        let guard = DirGuard::new(path);
-        std::fs::set_permissions(guard.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .map_err(|e| io_err(format!("setting the mode of {}", guard.path().display()), e))?;
-        Ok(Self(guard))
+        private_scratch_dir(out_dir, ".import-").map(Self).map_err(OciError::Scratch)
     }
 
     fn dir(&self) -> &Path {
