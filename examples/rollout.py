@@ -58,7 +58,10 @@ def main():
         log.append(f"{time.monotonic() - t0:7.3f}s  {what}")
         print(log[-1], flush=True)
 
-    sb = call("POST", "/v1/sandboxes", {"image": "default", "memory_mib": 512, "labels": {"job": "demo"}})["id"]
+    # Without bytecode caches: a patch of the same size within the same second
+    # would otherwise be hidden by a stale .pyc (Python checks mtime in seconds and size).
+    sb = call("POST", "/v1/sandboxes", {"image": "default", "memory_mib": 512, "labels": {"job": "demo"},
+                                        "env": {"PYTHONDONTWRITEBYTECODE": "1"}})["id"]
     step(f"created sandbox {sb}")
     call("POST", f"/v1/sandboxes/{sb}/files/mkdir", {"path": "/work", "parents": True})
     call("PUT", f"/v1/sandboxes/{sb}/files", raw=b"def add(a, b):\n    return a - b\n", query={"path": "/work/calc.py"})
@@ -66,16 +69,17 @@ def main():
          raw=b"from calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n",
          query={"path": "/work/test_calc.py"})
     step("wrote buggy calc.py and test_calc.py")
-    result, out = run(sb, "python3 -m pytest -q test_calc.py")
+    result, out = run(sb, "python3 -m pytest -q -p no:cacheprovider test_calc.py")
     step(f"tests ran: exit {result['exit_code']} ({result['wall_time_secs']:.2f}s) - expected to fail")
     assert result["exit_code"] != 0, out
     call("PUT", f"/v1/sandboxes/{sb}/files", raw=b"def add(a, b):\n    return a + b\n", query={"path": "/work/calc.py"})
     step("patched calc.py")
-    result, out = run(sb, "python3 -m pytest -q test_calc.py | tee /work/result.txt")
+    result, out = run(sb, "python3 -m pytest -q -p no:cacheprovider test_calc.py > /work/result.txt")
     step(f"tests ran: exit {result['exit_code']} ({result['wall_time_secs']:.2f}s)")
     assert result["exit_code"] == 0, out
     report = call("GET", f"/v1/sandboxes/{sb}/files", query={"path": "/work/result.txt"}).decode()
     step(f"read /work/result.txt: {report.strip().splitlines()[-1]}")
+    assert "passed" in report and "failed" not in report, report
     info = call("DELETE", f"/v1/sandboxes/{sb}")
     step(f"deleted sandbox: state={info['state']} reason={info['end_reason']}")
     print("\nrollout OK: the failing test was fixed by the patch.")
