@@ -3,11 +3,23 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SecurityEventKind {
     /// A system call the seccomp profile refuses (answered with EPERM).
     Seccomp,
+    /// A file access the phase's Landlock ruleset refused.
+    Landlock,
+    /// A connection or datagram the egress policy refused.
+    NetworkBlocked,
+    /// A name the platform resolver refused to resolve.
+    DnsRefused,
+    /// The sandbox switched phase (not a refusal; recorded for the timeline).
+    PhaseChanged,
+    /// The sandbox hit a resource limit (memory, pids, disk, inodes).
+    LimitHit,
+    /// An attempt to change a protected or platform file.
+    Tamper,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -21,7 +33,9 @@ pub struct SecurityEvent {
     /// Its command name; empty when it was gone before it could be read.
     pub comm: String,
     pub kind: SecurityEventKind,
-    /// The refused system call, e.g. `ioctl` or `unshare`.
+    /// The refused system call, e.g. `ioctl` or `unshare`; empty for
+    /// events that are not about one system call.
+    #[serde(default)]
     pub syscall: String,
     /// What made it a refusal, e.g. `FICLONE (0x40049409)` or `CLONE_NEWUSER`.
     pub detail: String,
@@ -35,6 +49,9 @@ pub struct SecurityEventList {
     pub dropped: u64,
     /// The `seq` the next event will get: poll again with `after_seq = next_seq - 1`.
     pub next_seq: u64,
+    /// Events of each kind since the sandbox started, dropped ones included.
+    #[serde(default)]
+    pub counts: std::collections::BTreeMap<SecurityEventKind, u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, Default)]

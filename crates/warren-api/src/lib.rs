@@ -10,6 +10,8 @@ pub mod error;
 pub mod events;
 pub mod exec;
 pub mod files;
+pub mod network;
+pub mod phase;
 pub mod sandbox;
 pub mod session;
 
@@ -17,6 +19,8 @@ pub use error::{ApiError, ErrorCode};
 pub use events::*;
 pub use exec::*;
 pub use files::*;
+pub use network::*;
+pub use phase::*;
 pub use sandbox::*;
 pub use session::*;
 

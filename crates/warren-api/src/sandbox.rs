@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::error::ApiError;
+use crate::network::NetworkPolicy;
+use crate::phase::{validate_phases, PhaseSpec};
 
 /// Which isolation technology runs the sandbox. One parameter moves a task
 /// between backends; only `container` runs in this release.
@@ -39,6 +41,9 @@ pub enum NetworkMode {
     None,
     /// A private network namespace with only `lo` up.
     Loopback,
+    /// `lo` plus egress through a veth pair, limited to `network_policy`
+    /// (enforced by eBPF programs on the sandbox's cgroup).
+    Allowlist,
 }
 
 pub const DEFAULT_IMAGE: &str = "default";
@@ -76,6 +81,16 @@ pub struct CreateSandboxRequest {
     pub lifetime_secs: u64,
     #[serde(default)]
     pub network: NetworkMode,
+    /// Egress allowed in `allowlist` mode (a phase's `network` replaces it
+    /// while that phase is current). Only valid with `network: allowlist`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<NetworkPolicy>,
+    /// Named phases with their protected paths and egress policies.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub phases: BTreeMap<String, PhaseSpec>,
+    /// The phase the sandbox starts in; required when `phases` is not empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
     /// The same key always answers with the same sandbox, never a second one.
     #[serde(default)]
     pub idempotency_key: Option<String>,
@@ -126,6 +141,9 @@ impl Default for CreateSandboxRequest {
             idle_timeout_secs: default_idle_timeout(),
             lifetime_secs: default_lifetime(),
             network: NetworkMode::default(),
+            network_policy: None,
+            phases: BTreeMap::new(),
+            phase: None,
             idempotency_key: None,
         }
     }
@@ -164,6 +182,13 @@ impl CreateSandboxRequest {
                 return Err(ApiError::invalid(format!("labels.{k}"), "keys are 1-128 bytes, values at most 1024"));
             }
         }
+        if let Some(policy) = &self.network_policy {
+            if self.network != NetworkMode::Allowlist {
+                return Err(ApiError::invalid("network_policy", "only valid with `network: allowlist`"));
+            }
+            policy.validate("network_policy")?;
+        }
+        validate_phases(&self.phases, self.phase.as_deref())?;
         if let Some(key) = &self.idempotency_key {
             if key.is_empty() || key.len() > 256 {
                 return Err(ApiError::invalid("idempotency_key", "must be 1-256 characters"));
@@ -249,6 +274,14 @@ pub struct SandboxInfo {
     pub state: SandboxState,
     pub resources: Resources,
     pub network: NetworkMode,
+    /// The egress policy in force now (allowlist mode only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<NetworkPolicy>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub phases: BTreeMap<String, PhaseSpec>,
+    /// The current phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub idle_timeout_secs: u64,
     pub lifetime_secs: u64,

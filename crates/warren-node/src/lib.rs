@@ -11,6 +11,7 @@
 //! the backend's in-root resolution), or runs platform logic inside a sandbox.
 
 mod capture;
+pub mod events;
 mod exec;
 mod files;
 mod layered;
@@ -134,6 +135,8 @@ struct Live {
     execs: Mutex<HashMap<String, Arc<ExecEntry>>>,
     running_execs: AtomicUsize,
     sessions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<SessionRecord>>>>,
+    /// Security events, init's and the node's, in one order.
+    timeline: Mutex<events::Timeline>,
     /// Keeps the sandbox's layered-image layers mounted while it lives.
     _layers: Vec<LayerLease>,
 }
@@ -155,7 +158,12 @@ impl Live {
             execs: Mutex::new(HashMap::new()),
             running_execs: AtomicUsize::new(0),
             sessions: Mutex::new(HashMap::new()),
+            timeline: Mutex::new(events::Timeline::default()),
         })
+    }
+
+    fn timeline(&self) -> std::sync::MutexGuard<'_, events::Timeline> {
+        self.timeline.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn record(&self) -> std::sync::MutexGuard<'_, SandboxRecord> {
@@ -296,6 +304,9 @@ impl Node {
                 state: SandboxState::Creating,
                 resources: resources.clone(),
                 network: req.network,
+                network_policy: req.network_policy.clone(),
+                phases: req.phases.clone(),
+                phase: req.phase.clone(),
                 labels: req.labels.clone(),
                 idle_timeout_secs: req.idle_timeout_secs,
                 lifetime_secs: req.lifetime_secs,
@@ -626,16 +637,32 @@ impl Node {
 
     // ---- security events ---------------------------------------------------
 
-    /// What the sandbox tried that the platform refused, after `after_seq`.
+    /// What the sandbox tried that the platform refused, after `after_seq`:
+    /// init's events are pulled into the sandbox's timeline first.
     pub async fn events(&self, id: &str, after_seq: u64) -> Result<warren_api::SecurityEventList> {
         let live = self.live(id)?;
         live.touch();
-        let batch = live.driver.events(&live.handle, after_seq).await?;
-        Ok(warren_api::SecurityEventList {
-            events: batch.events.into_iter().map(records::security_event).collect(),
-            dropped: batch.dropped,
-            next_seq: batch.next_seq,
-        })
+        let pulled_up_to = live.timeline().init_seq_pulled;
+        let batch = live.driver.events(&live.handle, pulled_up_to).await?;
+        let mut timeline = live.timeline();
+        // A concurrent call may have pulled the same batch meanwhile.
+        if timeline.init_seq_pulled == pulled_up_to {
+            timeline.count_lost(batch.dropped);
+            for event in batch.events {
+                timeline.push(records::observed(event), 0);
+            }
+            timeline.init_seq_pulled = batch.next_seq.saturating_sub(1).max(pulled_up_to);
+        }
+        Ok(timeline.after(after_seq))
+    }
+
+    /// Adds an event the node observed from outside the sandbox (a blocked
+    /// connection, a limit hit, a phase change) to the sandbox's timeline.
+    /// Events for a sandbox that is not live are dropped.
+    pub fn record_event(&self, id: &str, observed: events::Observed) {
+        if let Ok(live) = self.live(id) {
+            live.timeline().push(observed, now_ms());
+        }
     }
 
     // ---- sessions --------------------------------------------------------

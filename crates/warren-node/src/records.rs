@@ -89,17 +89,16 @@ pub fn replay_frames(mut result: ExecResult, stdout_offset: u64, stderr_offset: 
     frames
 }
 
-/// The API's view of an event init recorded.
-pub fn security_event(e: warren_backend::SecurityEvent) -> warren_api::SecurityEvent {
-    warren_api::SecurityEvent {
-        seq: e.seq,
-        time_ms: e.time_ms,
-        pid: e.pid,
-        comm: e.comm,
+/// An event init recorded, as the sandbox's timeline takes it.
+pub fn observed(e: warren_backend::SecurityEvent) -> crate::events::Observed {
+    crate::events::Observed {
         kind: match e.kind {
             warren_backend::SecurityEventKind::Seccomp => warren_api::SecurityEventKind::Seccomp,
         },
+        pid: e.pid,
+        comm: e.comm,
         syscall: e.syscall,
         detail: e.detail,
+        time_ms: e.time_ms,
     }
 }
