@@ -47,6 +47,37 @@ async fn create_get_list_and_delete_ends_with_deleted() {
 }
 
 #[tokio::test]
+async fn ended_sandboxes_are_forgotten_after_the_retention() {
+    let server = TestServer::start_with(&["--ended-retention-secs", "1"]).await;
+    let key = unique_marker("key");
+    let req = small(json!({"idempotency_key": key}));
+    let (status, body) = server.try_create(&req).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["id"].as_str().expect("an id").to_string();
+    let ran = server.exec_wait(&id, &ExecRequest { argv: Some(vec!["true".into()]), ..Default::default() }).await;
+    let exec_id = ran.exec_id.clone();
+    server.delete(&id).await;
+    // Kept (and answered) right after the end ...
+    assert_eq!(server.get_exec(&id, &exec_id).await.exec_id, exec_id);
+    // ... and gone once the retention has passed: record, exec and key.
+    let deadline = std::time::Instant::now() + REAPER_WAIT;
+    loop {
+        let (status, _) = server.try_get(&id).await;
+        if status == StatusCode::NOT_FOUND {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{id} is still kept after {REAPER_WAIT:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (status, _) = server.call(Method::GET, &format!("/v1/sandboxes/{id}/exec/{exec_id}"), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "the exec result went with its sandbox");
+    let (status, body) = server.try_create(&req).await;
+    assert_eq!(status, StatusCode::CREATED, "the forgotten key makes a new sandbox: {body}");
+    assert_ne!(body["id"].as_str(), Some(id.as_str()));
+    server.finish().await;
+}
+
+#[tokio::test]
 async fn same_idempotency_key_answers_with_the_same_sandbox() {
     let server = TestServer::start().await;
     let key = unique_marker("key");

@@ -64,7 +64,16 @@ pub struct NodeConfig {
     /// Enables layered (EROFS, lazily fetched) images: how to start the
     /// layer cache's fill holder, and the cache's size bound.
     pub layer_cache: Option<(HolderCommand, u64)>,
+    /// Ended sandboxes' records (with their exec results and idempotency
+    /// keys) are deleted this long after they ended.
+    pub ended_retention: Duration,
 }
+
+/// Default of [`NodeConfig::ended_retention`]: one hour.
+pub const DEFAULT_ENDED_RETENTION_SECS: u64 = 3600;
+/// Ended records are looked for at most every this many reaper ticks
+/// (about 15 s), and more often when the retention is shorter.
+const RETENTION_MAX_EVERY_TICKS: u64 = 60;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -864,9 +873,18 @@ impl Node {
     async fn reap_forever(self) {
         let mut tick: u64 = 0;
         let mut interval = tokio::time::interval(REAP_INTERVAL);
+        let retention_ticks = (self.inner.cfg.ended_retention.as_millis() / REAP_INTERVAL.as_millis()) as u64;
+        let retention_every = retention_ticks.clamp(1, RETENTION_MAX_EVERY_TICKS);
         loop {
             interval.tick().await;
             tick += 1;
+            if tick.is_multiple_of(retention_every) {
+                let node = self.clone();
+                let forgotten = tokio::task::spawn_blocking(move || node.forget_ended(now_ms())).await;
+                if let Ok(Err(e)) = forgotten {
+                    tracing::warn!("could not delete expired records of ended sandboxes: {e}");
+                }
+            }
             let lives: Vec<Arc<Live>> = self.live_map().values().cloned().collect();
             for live in lives {
                 let (created, last, idle, lifetime) = {
@@ -901,6 +919,32 @@ impl Node {
                 }
             }
         }
+    }
+
+    /// Deletes what is kept of sandboxes that ended more than the retention
+    /// ago: the record, its exec results, and its idempotency key (a later
+    /// create with that key makes a new sandbox). Returns how many went.
+    fn forget_ended(&self, now: u64) -> Result<usize> {
+        let retention_ms = u64::try_from(self.inner.cfg.ended_retention.as_millis()).unwrap_or(u64::MAX);
+        let mut forgotten = 0;
+        for (id, bytes) in self.store().list(Table::Sandboxes, "")? {
+            let Ok(rec) = serde_json::from_slice::<SandboxRecord>(&bytes) else { continue };
+            let expired = rec.info.state == SandboxState::Ended
+                && rec.info.ended_at_ms.is_some_and(|ended| now.saturating_sub(ended) >= retention_ms);
+            if !expired {
+                continue;
+            }
+            self.store().delete_prefix(Table::Execs, &format!("{id}/"))?;
+            if let Some(key) = &rec.info.idempotency_key {
+                let claim = self.store().get_json::<records::IdempotencyClaim>(Table::Idempotency, key).ok().flatten();
+                if claim.is_some_and(|c| c.sandbox_id == id) {
+                    self.store().delete(Table::Idempotency, key)?;
+                }
+            }
+            self.store().delete(Table::Sandboxes, &id)?;
+            forgotten += 1;
+        }
+        Ok(forgotten)
     }
 
     /// Re-adopts what survived a restart; everything else ends and is swept.

@@ -37,6 +37,10 @@ pub struct ServeArgs {
     /// Size bound of the node's cache of layered-image layers.
     #[arg(long, default_value_t = warren_node::DEFAULT_CACHE_BYTES)]
     pub layer_cache_bytes: u64,
+    /// How long an ended sandbox's record, exec results and idempotency key
+    /// are kept (and answered) before they are deleted.
+    #[arg(long, default_value_t = warren_node::DEFAULT_ENDED_RETENTION_SECS)]
+    pub ended_retention_secs: u64,
 }
 
 impl ServeArgs {
@@ -50,6 +54,7 @@ impl ServeArgs {
             max_sandboxes: 4096,
             destroy_on_exit: true,
             layer_cache_bytes: warren_node::DEFAULT_CACHE_BYTES,
+            ended_retention_secs: warren_node::DEFAULT_ENDED_RETENTION_SECS,
         }
     }
 }
@@ -107,6 +112,7 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
                     .context("cannot find this binary for the layer cache's holder")?,
                 args.layer_cache_bytes,
             )),
+            ended_retention: std::time::Duration::from_secs(args.ended_retention_secs),
         },
         store,
         driver,
