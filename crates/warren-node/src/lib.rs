@@ -341,7 +341,11 @@ impl Node {
         }
 
         let mut layer_leases = image.leases;
-        let made = match self.claim_pooled(&pool_key).await {
+        // Pool members are made without phases or an egress policy; a
+        // sandbox that asks for either is always made fresh.
+        let poolable = req.phases.is_empty() && req.network_policy.is_none();
+        let pooled = if poolable { self.claim_pooled(&pool_key).await } else { None };
+        let made = match pooled {
             Some((handle, member_leases)) => {
                 rec.info.from_pool = true;
                 layer_leases = member_leases;
