@@ -12,3 +12,9 @@ crates/warren-image/scripts/s3-server.sh install
 cargo build --workspace --all-targets --locked
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked -- --test-threads=2
+# The Python SDK against the `warren` just built. PIP_BREAK_SYSTEM_PACKAGES:
+# Debian's own python3 refuses pip installs without it (PEP 668).
+python3 -m pip --version >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq python3-pip >/dev/null; }
+PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+    ./python pytest pytest-asyncio
+WARREN_BIN="$PWD/target/debug/warren" python3 -m pytest -q -rs python/tests
