@@ -2,9 +2,26 @@
 # Installs what Warren needs on a fresh Debian 12 machine (idempotent).
 set -euo pipefail
 need=()
-for pkg_bin in busybox-static:/bin/busybox debootstrap:/usr/sbin/debootstrap tar:/bin/tar; do
+for pkg_bin in busybox-static:/bin/busybox debootstrap:/usr/sbin/debootstrap tar:/bin/tar \
+    erofs-utils:/usr/bin/mkfs.erofs docker-registry:/usr/bin/docker-registry; do
     pkg=${pkg_bin%%:*}; bin=${pkg_bin#*:}
     [ -x "$bin" ] || need+=("$pkg")
+done
+# warren-net: clang builds the eBPF programs against libbpf's and the
+# kernel's headers, libbpf-sys builds libbpf (libelf, zlib, pkg-config,
+# make); nft installs the NAT table; the network tests use ip and gcc -static.
+for pkg_file in clang:/usr/bin/clang libbpf-dev:/usr/include/bpf/bpf_helpers.h \
+    linux-libc-dev:/usr/include/linux/bpf.h libelf-dev:/usr/include/libelf.h zlib1g-dev:/usr/include/zlib.h \
+    pkg-config:/usr/bin/pkg-config make:/usr/bin/make nftables:/usr/sbin/nft iproute2:/usr/sbin/ip \
+    gcc:/usr/bin/gcc libc6-dev:/usr/lib/x86_64-linux-gnu/libc.a; do
+    pkg=${pkg_file%%:*}; file=${pkg_file#*:}
+    [ -e "$file" ] || need+=("$pkg")
+done
+# The adversarial suite: a real XFS image (mkfs.xfs, loop mount), the
+# kernel log (dmesg) and the host's addresses (hostname -I).
+for pkg_file in xfsprogs:/usr/sbin/mkfs.xfs mount:/usr/bin/mount util-linux:/usr/bin/dmesg hostname:/usr/bin/hostname; do
+    pkg=${pkg_file%%:*}; file=${pkg_file#*:}
+    [ -e "$file" ] || need+=("$pkg")
 done
 if [ "${WARREN_BENCH:-0}" = 1 ]; then
     for pkg_bin in bubblewrap:/usr/bin/bwrap runc:/usr/sbin/runc crun:/usr/bin/crun hyperfine:/usr/bin/hyperfine; do
@@ -16,7 +33,19 @@ if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
+    # docker-registry's package would start a registry on :5000; the tests
+    # start their own per test on loopback. Mask its unit for systemd, and
+    # deny service starts for the install where no policy exists yet.
+    if [[ " ${need[*]} " == *" docker-registry "* ]]; then
+        mkdir -p /etc/systemd/system
+        [ -e /etc/systemd/system/docker-registry.service ] || ln -s /dev/null /etc/systemd/system/docker-registry.service
+        if [ ! -e /usr/sbin/policy-rc.d ]; then
+            printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d
+            warren_policy_rc=1
+        fi
+    fi
     apt-get install -y -qq "${need[@]}" >/dev/null
+    if [ "${warren_policy_rc:-0}" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 if ! command -v cargo >/dev/null; then
     if [ -x "$HOME/.cargo/bin/cargo" ]; then

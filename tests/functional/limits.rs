@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
-use warren_api::{ExecRequest, ExecStatus, SandboxState};
+use warren_api::{ErrorCode, ExecRequest, ExecStatus, SandboxState};
 use warren_tests::*;
 
 const MIB: u64 = 1 << 20;
@@ -117,5 +117,46 @@ async fn network_loopback_has_lo_up_and_working() {
         wait; cat /tmp/got";
     let served = server.sh_ok(&sb.id, script).await;
     assert_eq!(served, "over-lo\n");
+    server.finish().await;
+}
+
+/// While a sandbox's processes hold every pid of its limit, init cannot
+/// start a thread for a new connection. The node's liveness probe must not
+/// take that for a dead init (the sandbox stays running), and a new exec
+/// gets an answer naming the cause instead of a dropped connection.
+#[tokio::test]
+async fn a_sandbox_with_its_pids_exhausted_is_busy_not_dead() {
+    let server = TestServer::start().await;
+    let sb = server.create(small(json!({"pids": 16}))).await;
+    let pids_dir = Path::new(leaks::CGROUP_ROOT).join("pids").join(&server.instance).join(&sb.id);
+    let current = || -> u64 { fs::read_to_string(pids_dir.join("pids.current")).unwrap().trim().parse().unwrap() };
+    let idle = current();
+    // The holder's connection thread in init and its shell take two pids;
+    // its sleeps take the rest. A busybox shell exits at its first failed
+    // fork, so the count must be exact rather than "until it fails".
+    let sleeps = 16 - idle - 2;
+    let script = format!("i=0; while [ $i -lt {sleeps} ]; do sleep 60 & i=$((i+1)); done; wait");
+    let holder =
+        server.exec_open(&sb.id, &ExecRequest { timeout_secs: Some(8.0), ..ExecRequest::shell(&script) }).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while current() < 16 {
+        assert!(tokio::time::Instant::now() < deadline, "the pids limit never filled up ({} of 16)", current());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Several liveness probes (one every 2 s) land while the limit is full.
+    let (status, body) = server.try_exec_wait(&sb.id, &json!({"argv": ["echo", "hi"]})).await;
+    assert_api_error(status, &body, ErrorCode::LimitReached, Some("pids"));
+    assert!(body.to_string().contains("pids limit"), "the answer names the cause: {body}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(server.get(&sb.id).await.state, SandboxState::Running);
+    let held = holder.collect().await;
+    assert_eq!(end_result(&held).status, ExecStatus::TimedOut);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while sandbox_pids(&server.instance, &sb.id).len() > 4 {
+        assert!(tokio::time::Instant::now() < deadline, "the holder's processes outlived its deadline");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(server.sh_ok(&sb.id, "echo alive").await, "alive\n");
+    assert_eq!(server.get(&sb.id).await.state, SandboxState::Running);
     server.finish().await;
 }

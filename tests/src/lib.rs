@@ -15,7 +15,8 @@ pub mod rootfs;
 pub mod server;
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 pub use api::{api_error_mismatch, assert_api_error, b64, end_result, frame_bytes, small, stderr, stdout, FrameReader};
@@ -55,4 +56,27 @@ pub async fn find_instance_process(instance: &str, needle: &str, within: Duratio
 pub fn unique_marker(what: &str) -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     format!("warren-{what}-{}-{nanos}", std::process::id())
+}
+
+/// Builds the static C helper `source` (a path under the `tests` crate)
+/// into `out_dir` and returns the binary's path. Helpers are static so they
+/// run inside a busybox image. Callers pass `env!("CARGO_TARGET_TMPDIR")`:
+/// the build lands in the target directory, never in `/tmp`, and one fixed
+/// name per helper keeps repeated runs from piling up copies; building to a
+/// per-process name and renaming keeps concurrent test binaries apart.
+pub fn static_c_helper(source: &str, out_dir: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(source);
+    let stem = src.file_stem().and_then(|s| s.to_str()).unwrap_or("helper");
+    let out = Path::new(out_dir).join(format!("warren-helper-{stem}"));
+    let building = Path::new(out_dir).join(format!(".warren-helper-{stem}.{}", std::process::id()));
+    fs::create_dir_all(out_dir).expect("the helper directory");
+    let status = Command::new("gcc")
+        .args(["-static", "-O1", "-Wall", "-Werror", "-o"])
+        .arg(&building)
+        .arg(&src)
+        .status()
+        .expect("run gcc (scripts/setup-host.sh installs it)");
+    assert!(status.success(), "gcc -static failed for {}", src.display());
+    fs::rename(&building, &out).expect("move the built helper into place");
+    out
 }

@@ -30,6 +30,12 @@ pub enum ErrorCode {
     ImageNotFound,
     /// The image is used by running sandboxes or a warm pool and cannot be replaced now.
     ImageInUse,
+    /// The image registry could not be reached or failed; `message` says how.
+    RegistryUnavailable,
+    /// The sandbox is at one of its own limits (its pids limit is full):
+    /// the same request may succeed once its processes end. `field` names
+    /// the limit.
+    LimitReached,
     Internal,
 }
 
@@ -42,7 +48,9 @@ impl ErrorCode {
             ErrorCode::SandboxEnded => 410,
             ErrorCode::IdempotencyConflict | ErrorCode::FileConflict | ErrorCode::ImageInUse => 409,
             ErrorCode::CapacityExceeded => 503,
+            ErrorCode::LimitReached => 429,
             ErrorCode::NoSpace => 507,
+            ErrorCode::RegistryUnavailable => 502,
             ErrorCode::Internal => 500,
         }
     }

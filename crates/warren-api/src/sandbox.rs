@@ -68,6 +68,14 @@ pub struct CreateSandboxRequest {
     /// Maximum number of processes and threads.
     #[serde(default = "default_pids")]
     pub pids: u32,
+    /// Maximum number of files, directories and links in the writable
+    /// layer (64 to 2^32); default 256 per MiB of `disk_mib`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inodes: Option<u64>,
+    /// Open files per process (`RLIMIT_NOFILE`, soft and hard, 16 to
+    /// 2^20); default 4096.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_files: Option<u32>,
     /// Environment every exec in the sandbox starts with.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -126,6 +134,22 @@ pub const MAX_DISK_MIB: u64 = 1024 * 1024;
 pub const MIN_PIDS: u32 = 8;
 pub const MAX_PIDS: u32 = 1 << 20;
 pub const MAX_TIMEOUT_SECS: u64 = 30 * 24 * 3600;
+pub const MIN_INODES: u64 = 64;
+pub const MAX_INODES: u64 = 1 << 32;
+/// Writable-layer inodes per MiB of disk when the request names none: one
+/// per 4 KiB, so a disk full of small files is still possible while an
+/// empty-file flood stops at a bound the node can afford.
+pub const INODES_PER_DISK_MIB: u64 = 256;
+pub const DEFAULT_OPEN_FILES: u32 = 4096;
+/// Below this a shell cannot run a pipeline; above it is the kernel's `nr_open` default.
+pub const MIN_OPEN_FILES: u32 = 16;
+pub const MAX_OPEN_FILES: u32 = 1 << 20;
+
+/// The writable layer's inode cap for a disk of `disk_mib` when the request
+/// names none.
+pub fn default_inodes(disk_mib: u64) -> u64 {
+    disk_mib.saturating_mul(INODES_PER_DISK_MIB).clamp(MIN_INODES, MAX_INODES)
+}
 
 impl Default for CreateSandboxRequest {
     fn default() -> Self {
@@ -136,6 +160,8 @@ impl Default for CreateSandboxRequest {
             memory_mib: default_memory_mib(),
             disk_mib: default_disk_mib(),
             pids: default_pids(),
+            inodes: None,
+            open_files: None,
             env: BTreeMap::new(),
             labels: BTreeMap::new(),
             idle_timeout_secs: default_idle_timeout(),
@@ -169,6 +195,19 @@ impl CreateSandboxRequest {
         }
         if !(MIN_PIDS..=MAX_PIDS).contains(&self.pids) {
             return Err(ApiError::invalid("pids", format!("must be between {MIN_PIDS} and {MAX_PIDS}")));
+        }
+        if let Some(inodes) = self.inodes {
+            if !(MIN_INODES..=MAX_INODES).contains(&inodes) {
+                return Err(ApiError::invalid("inodes", format!("must be between {MIN_INODES} and {MAX_INODES}")));
+            }
+        }
+        if let Some(files) = self.open_files {
+            if !(MIN_OPEN_FILES..=MAX_OPEN_FILES).contains(&files) {
+                return Err(ApiError::invalid(
+                    "open_files",
+                    format!("must be between {MIN_OPEN_FILES} and {MAX_OPEN_FILES}"),
+                ));
+            }
         }
         if self.idle_timeout_secs == 0 || self.idle_timeout_secs > MAX_TIMEOUT_SECS {
             return Err(ApiError::invalid("idle_timeout_secs", format!("must be between 1 and {MAX_TIMEOUT_SECS}")));
@@ -252,6 +291,27 @@ pub struct Resources {
     pub memory_mib: u64,
     pub disk_mib: u64,
     pub pids: u32,
+    /// Inode cap of the writable layer (0 in records older than the field:
+    /// the tmpfs default).
+    #[serde(default)]
+    pub inodes: u64,
+    /// `RLIMIT_NOFILE` of every process (0 in records older than the field).
+    #[serde(default)]
+    pub open_files: u32,
+}
+
+impl Resources {
+    /// What a create request asks for, defaults filled in.
+    pub fn of(req: &CreateSandboxRequest) -> Resources {
+        Resources {
+            cpus: req.cpus,
+            memory_mib: req.memory_mib,
+            disk_mib: req.disk_mib,
+            pids: req.pids,
+            inodes: req.inodes.unwrap_or_else(|| default_inodes(req.disk_mib)),
+            open_files: req.open_files.unwrap_or(DEFAULT_OPEN_FILES),
+        }
+    }
 }
 
 /// Resources the sandbox uses now (running sandboxes only).
@@ -396,6 +456,9 @@ mod tests {
         assert_eq!(field_of(r#"{"memory_mib": 1}"#).as_deref(), Some("memory_mib"));
         assert_eq!(field_of(r#"{"disk_mib": 0}"#).as_deref(), Some("disk_mib"));
         assert_eq!(field_of(r#"{"pids": 1}"#).as_deref(), Some("pids"));
+        assert_eq!(field_of(r#"{"inodes": 1}"#).as_deref(), Some("inodes"));
+        assert_eq!(field_of(r#"{"open_files": 3}"#).as_deref(), Some("open_files"));
+        assert_eq!(field_of(r#"{"inodes": 5000, "open_files": 64}"#), None);
         assert_eq!(field_of(r#"{"idle_timeout_secs": 0}"#).as_deref(), Some("idle_timeout_secs"));
         assert_eq!(field_of(r#"{"env": {"A=B": "x"}}"#).as_deref(), Some("env.A=B"));
         assert_eq!(field_of(r#"{"image": ""}"#).as_deref(), Some("image"));

@@ -30,7 +30,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rustix::fs::{Mode, OFlags};
 use warren_api::{Backend, NetworkMode, Usage};
-use warren_guard::cgroup::{Limits, SandboxCgroup};
+use warren_guard::cgroup::{Limits, SandboxCgroup, UNIFIED};
 use warren_init::proto::setup::{BuildSpec, HostSays, InitSays};
 
 use self::rootfs::RootfsSpec;
@@ -39,8 +39,8 @@ use self::spawn::{FirstInit, SetupChannel};
 use self::state::{HandleState, Layout, ProcessId, SlotBook};
 use self::teardown::{cgroup_err, Remains};
 use crate::{
-    BackendError, Driver, EventBatch, ExecProcess, ExecSpec, FsRoot, Liveness, Result, SandboxHandle, SandboxSpec,
-    SweepReport,
+    BackendError, Driver, EventBatch, ExecProcess, ExecSpec, FsRoot, LimitCounters, Liveness, PhaseRules, Result,
+    SandboxHandle, SandboxSpec, SweepReport,
 };
 
 /// Nothing stays "creating" longer than this.
@@ -118,7 +118,7 @@ impl ContainerDriver {
 
     /// Makes the sandbox's directory, with its own tmpfs of `disk_mib`, and
     /// claims its uid slot. Fails, having made nothing, if the id is taken.
-    fn reserve(&self, layout: &Layout, disk_mib: u64) -> Result<u32> {
+    fn reserve(&self, layout: &Layout, resources: &warren_api::Resources) -> Result<u32> {
         let dir = layout.dir();
         match self.run_dir.make_sandbox_dir(dir) {
             Ok(()) => {}
@@ -127,7 +127,8 @@ impl ContainerDriver {
             }
             Err(e) => return Err(BackendError::io(format!("mkdir {}", dir.display()), e)),
         }
-        let claimed = rootfs::mount_sandbox_dir(layout, disk_mib).and_then(|()| self.slots.claim_slot(layout));
+        let claimed = rootfs::mount_sandbox_dir(layout, resources.disk_mib, resources.inodes)
+            .and_then(|()| self.slots.claim_slot(layout));
         if claimed.is_err() {
             let _ = rootfs::detach(dir);
             let _ = self.run_dir.remove_sandbox_dir(dir);
@@ -140,7 +141,7 @@ impl ContainerDriver {
     async fn build(&self, spec: &SandboxSpec, slot: u32, undo: &mut Undo) -> Result<HandleState> {
         let uid_base = self.slots.uid_base(slot);
         undo.remains.cgroup.create(&limits(spec)).map_err(cgroup_err)?;
-        let (init_pid, mut setup) = self.start_init(undo)?;
+        let (init_pid, mut setup) = self.start_init(undo, spec.resources.open_files)?;
         let rootfs_spec = RootfsSpec { layers: &spec.layers, uid_base, userns_pid: init_pid };
         // While init starts on another CPU: what needs no user namespace.
         rootfs::prepare(&undo.remains.layout, &rootfs_spec)?;
@@ -157,12 +158,14 @@ impl ContainerDriver {
         Ok(state)
     }
 
-    /// Spawns init inside the sandbox's cgroups; `undo` holds it until it
-    /// has been reaped.
-    fn start_init(&self, undo: &mut Undo) -> Result<(i32, SetupChannel)> {
+    /// Spawns init inside the sandbox's cgroups, with `open_files` as its
+    /// `RLIMIT_NOFILE` (every process of the sandbox inherits it and, without
+    /// CAP_SYS_RESOURCE on the host, cannot raise it); `undo` holds it until
+    /// it has been reaped.
+    fn start_init(&self, undo: &mut Undo, open_files: u32) -> Result<(i32, SetupChannel)> {
         let target = undo.remains.cgroup.spawn_target().map_err(cgroup_err)?;
         let listener = spawn::bind_control(&undo.remains.layout)?;
-        let (first_init, setup) = spawn::spawn_init(&self.config.init_binary, listener, &target)?;
+        let (first_init, setup) = spawn::spawn_init(&self.config.init_binary, listener, &target, open_files)?;
         let pid = first_init.pid();
         undo.first_init = Some(first_init);
         Ok((pid, setup))
@@ -239,7 +242,7 @@ impl Driver for ContainerDriver {
         check_id(&spec.id)?;
         let layout = self.layout(&spec.id);
         let cgroup = self.cgroup(&spec.id)?;
-        let slot = self.reserve(&layout, spec.resources.disk_mib)?;
+        let slot = self.reserve(&layout, &spec.resources)?;
         let mut undo = Undo {
             remains: Remains { layout, cgroup, pid1: None, run_dir: Arc::clone(&self.run_dir) },
             first_init: None,
@@ -280,6 +283,11 @@ impl Driver for ContainerDriver {
         Liveness::Dead { oom }
     }
 
+    async fn set_phase(&self, handle: &SandboxHandle, phase: PhaseRules, kill_running: bool) -> Result<u32> {
+        let _ = self.state(handle)?;
+        channel::set_phase(&self.layout(&handle.id).ctl_sock(), phase, kill_running).await
+    }
+
     async fn events(&self, handle: &SandboxHandle, after_seq: u64) -> Result<EventBatch> {
         let _ = self.state(handle)?;
         channel::events(&self.layout(&handle.id).ctl_sock(), after_seq).await
@@ -298,6 +306,33 @@ impl Driver for ContainerDriver {
             pids: counters.pids,
             disk_bytes: disk_used(&self.layout(&handle.id).rw())?,
         })
+    }
+
+    fn limit_counters(&self, handle: &SandboxHandle) -> Result<LimitCounters> {
+        let _ = self.state(handle)?;
+        let rw = self.layout(&handle.id).rw();
+        let cgroup = self.cgroup(&handle.id)?;
+        let fs =
+            rustix::fs::statvfs(&rw).map_err(|e| BackendError::io(format!("statvfs {}", rw.display()), e.into()))?;
+        Ok(LimitCounters {
+            oom_kills: cgroup.oom_kills().map_err(cgroup_err)?,
+            pids_max_hits: cgroup.pids_max_hits().map_err(cgroup_err)?,
+            disk_free_bytes: fs.f_bfree.saturating_mul(fs.f_frsize),
+            disk_total_bytes: fs.f_blocks.saturating_mul(fs.f_frsize),
+            inodes_free: fs.f_ffree,
+            inodes_total: fs.f_files,
+        })
+    }
+
+    fn network_target(&self, handle: &SandboxHandle) -> Result<crate::NetworkTarget> {
+        let state = self.state(handle)?;
+        let path = format!("/proc/{}/ns/net", state.pid1.pid);
+        let netns = fs::File::open(&path).map_err(|e| BackendError::io(format!("open {path}"), e))?;
+        // The pid could have been reused since: only PID 1 itself counts.
+        if !state.pid1.is_running() {
+            return Err(BackendError::Gone);
+        }
+        Ok(crate::NetworkTarget { netns: OwnedFd::from(netns), cgroup2_dir: self.cgroup(&handle.id)?.path(UNIFIED) })
     }
 
     fn fs_root(&self, handle: &SandboxHandle) -> Result<FsRoot> {
@@ -411,7 +446,8 @@ fn build_spec(layout: &Layout, spec: &SandboxSpec) -> Result<BuildSpec> {
     Ok(BuildSpec {
         rootfs: rootfs.to_string(),
         hostname: spec.hostname.clone(),
-        loopback: spec.network == NetworkMode::Loopback,
+        loopback: spec.network != NetworkMode::None,
+        phase: spec.phase.clone(),
     })
 }
 

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use warren_api::{Backend, NetworkMode, Resources, Usage};
-pub use warren_init::proto::{ExecSpec, SecurityEvent, SecurityEventKind, SessionState};
+pub use warren_init::proto::{ExecSpec, PathAccess, PhaseRules, SecurityEvent, SecurityEventKind, SessionState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -32,6 +32,10 @@ pub enum BackendError {
     /// init refused to start the process (bad working directory, not executable, ...).
     #[error("cannot start the process: {0}")]
     ExecRejected(String),
+    /// The sandbox's processes hold its whole pids limit, so init has no
+    /// pid to serve the request with; it may succeed once some end.
+    #[error("the sandbox is at its pids limit: {0}")]
+    Busy(String),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -40,6 +44,11 @@ pub enum BackendError {
     },
     #[error("sandbox setup failed: {0}")]
     Setup(String),
+    /// The phase's rules cannot be enforced in this sandbox (e.g. a
+    /// protected path's ancestor is a symbolic link); on a switch the
+    /// earlier phase stays current, on a create nothing is made.
+    #[error("{0}")]
+    PhaseRejected(String),
     #[error("protocol error talking to warren-init: {0}")]
     Protocol(String),
 }
@@ -62,6 +71,8 @@ pub struct SandboxSpec {
     pub resources: Resources,
     pub network: NetworkMode,
     pub hostname: String,
+    /// The phase the sandbox starts in (empty: no phases, nothing protected).
+    pub phase: PhaseRules,
 }
 
 /// What the node persists about a live sandbox so that a restarted node can
@@ -126,6 +137,13 @@ pub enum Liveness {
     },
 }
 
+/// A sandbox's network namespace (an open `/proc/<pid>/ns/net`) and the
+/// cgroup2 directory its processes live in.
+pub struct NetworkTarget {
+    pub netns: std::os::fd::OwnedFd,
+    pub cgroup2_dir: PathBuf,
+}
+
 /// A directory fd of the sandbox's root filesystem as the host sees it, and
 /// the host uid/gid that the sandbox's root maps to (new files get them).
 pub struct FsRoot {
@@ -152,10 +170,31 @@ pub trait Driver: Send + Sync {
 
     fn usage(&self, handle: &SandboxHandle) -> Result<Usage>;
 
+    /// Counters of the limits the sandbox ran into, read from outside it;
+    /// the node turns their rises into `limit_hit` events.
+    fn limit_counters(&self, handle: &SandboxHandle) -> Result<LimitCounters> {
+        let _ = handle;
+        Err(BackendError::Unsupported(self.backend().as_str(), "limit counters"))
+    }
+
     /// Security events recorded in the sandbox after sequence number `after_seq`.
     async fn events(&self, handle: &SandboxHandle, after_seq: u64) -> Result<EventBatch> {
         let _ = (handle, after_seq);
         Err(BackendError::Unsupported(self.backend().as_str(), "security events"))
+    }
+
+    /// Makes `phase` the sandbox's current phase (see `warren-init`'s phase
+    /// leaders); returns how many processes of earlier phases were killed.
+    async fn set_phase(&self, handle: &SandboxHandle, phase: PhaseRules, kill_running: bool) -> Result<u32> {
+        let _ = (handle, phase, kill_running);
+        Err(BackendError::Unsupported(self.backend().as_str(), "phases"))
+    }
+
+    /// Where the node plugs an `allowlist` sandbox's network in: its
+    /// network namespace and its cgroup2 directory.
+    fn network_target(&self, handle: &SandboxHandle) -> Result<NetworkTarget> {
+        let _ = handle;
+        Err(BackendError::Unsupported(self.backend().as_str(), "egress networking"))
     }
 
     /// The root to resolve file API paths in.
@@ -193,6 +232,22 @@ pub struct EventBatch {
     pub events: Vec<SecurityEvent>,
     pub dropped: u64,
     pub next_seq: u64,
+}
+
+/// See [`Driver::limit_counters`]. Full disk or inodes can only be seen
+/// as a state (the sandbox's `ENOSPC` is not observable from outside).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimitCounters {
+    /// Processes the out-of-memory killer killed in the sandbox.
+    pub oom_kills: u64,
+    /// Forks refused at the sandbox's pids limit.
+    pub pids_max_hits: u64,
+    /// The writable layer's free and total bytes.
+    pub disk_free_bytes: u64,
+    pub disk_total_bytes: u64,
+    /// The writable layer's free and total inodes.
+    pub inodes_free: u64,
+    pub inodes_total: u64,
 }
 
 /// What a sweep removed, for logs and tests.

@@ -41,6 +41,7 @@ fn to_api(e: NodeError) -> ApiError {
         NodeError::ImageInUse(_) => with_field(ErrorCode::ImageInUse, msg, "name"),
         NodeError::Capacity(_) => ApiError::new(ErrorCode::CapacityExceeded, msg),
         NodeError::Backend(BackendError::Unsupported(..)) => ApiError::new(ErrorCode::Unsupported, msg),
+        NodeError::Backend(BackendError::Busy(_)) => with_field(ErrorCode::LimitReached, msg, "pids"),
         NodeError::Backend(BackendError::ProgramNotFound(_)) => with_field(ErrorCode::InvalidRequest, msg, "argv"),
         NodeError::Backend(BackendError::ExecRejected(ref why)) => {
             let field = if why.contains("cwd") || why.contains("directory") { "cwd" } else { "argv" };

@@ -43,7 +43,7 @@ pub async fn not_found() -> HttpError {
 
 #[utoipa::path(get, path = "/v1/images", responses((status = 200, body = ImageList)))]
 pub async fn list_images(State(s): State<AppState>) -> ApiResult<Json<ImageList>> {
-    Ok(Json(ImageList { images: s.node.images()? }))
+    Ok(Json(ImageList { images: s.node.list_images().await? }))
 }
 
 /// Lazy-loading statistics: per cached layer and for the blob store.
@@ -63,6 +63,9 @@ pub struct ImportDirRequest {
     pub dir: String,
     #[serde(default)]
     pub format: ImageFormat,
+    /// Role of the imported layers (layered formats only; default `base`).
+    #[serde(default)]
+    pub role: Option<ImageLayerRole>,
 }
 
 #[utoipa::path(post, path = "/v1/images", request_body = ImportDirRequest,
@@ -77,11 +80,14 @@ pub async fn import_image_dir(
         let what = if wants_file { "file" } else { "directory" };
         return Err(ApiError::invalid("dir", format!("must be an existing absolute {what} on the server")).into());
     }
+    if req.format == ImageFormat::Dir && req.role.is_some() {
+        return Err(ApiError::invalid("role", "roles apply to layered formats only").into());
+    }
     let info = match req.format {
         ImageFormat::Dir => s.node.import_image_dir(req.name, dir).await?,
-        ImageFormat::Erofs => s.node.import_image_layered(req.name, dir).await?,
-        ImageFormat::OciLayout => s.node.import_image_oci(req.name, dir, false).await?,
-        ImageFormat::DockerSave => s.node.import_image_oci(req.name, dir, true).await?,
+        ImageFormat::Erofs => s.node.import_image_layered(req.name, dir, req.role).await?,
+        ImageFormat::OciLayout => s.node.import_image_oci(req.name, dir, false, req.role).await?,
+        ImageFormat::DockerSave => s.node.import_image_oci(req.name, dir, true, req.role).await?,
     };
     Ok((StatusCode::CREATED, Json(info)))
 }
@@ -156,6 +162,32 @@ pub async fn pack_sandbox(
     ApiJson(req): ApiJson<PackRequest>,
 ) -> ApiResult<(StatusCode, Json<ImageInfo>)> {
     Ok((StatusCode::CREATED, Json(s.node.pack(&id, req).await?)))
+}
+
+/// Switch phase: later execs run under the phase's protected paths (and
+/// its egress policy); by default every process of earlier phases is
+/// killed first.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/phase", request_body = SetPhaseRequest, params(("id" = String, Path)),
+    responses((status = 200, body = SandboxInfo), (status = 400, body = ApiError), (status = 404, body = ApiError), (status = 410, body = ApiError)))]
+pub async fn set_phase(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<SetPhaseRequest>,
+) -> ApiResult<Json<SandboxInfo>> {
+    Ok(Json(s.node.set_phase(&id, req).await?))
+}
+
+/// Replace the egress policy of an `allowlist` sandbox, live: the next
+/// connection or datagram of any of its sockets is judged by the new policy,
+/// and packets of connections to destinations no longer allowed are dropped.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/network", request_body = warren_api::NetworkPolicy, params(("id" = String, Path)),
+    responses((status = 200, body = SandboxInfo), (status = 400, body = ApiError), (status = 404, body = ApiError), (status = 410, body = ApiError)))]
+pub async fn set_network(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(policy): ApiJson<warren_api::NetworkPolicy>,
+) -> ApiResult<Json<SandboxInfo>> {
+    Ok(Json(s.node.apply_network_policy(&id, &policy).await?))
 }
 
 // ---- exec --------------------------------------------------------------------

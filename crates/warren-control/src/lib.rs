@@ -10,6 +10,7 @@ mod error;
 mod extract;
 mod files;
 mod handlers;
+mod images;
 pub mod openapi;
 
 use std::future::Future;
@@ -33,10 +34,17 @@ pub fn router(node: Node) -> Router {
         .route("/v1/openapi.json", get(openapi_json))
         .route("/v1/images", get(list_images).post(import_image_dir))
         .route("/v1/images/stats", get(image_stats))
+        .route("/v1/images/pull", post(images::pull_image))
+        .route("/v1/images/compose", post(images::compose_image))
+        .route("/v1/images/gc", post(images::gc_images))
+        .route("/v1/images/{name}", get(images::inspect_image).delete(images::remove_image))
+        .route("/v1/images/{name}/push", post(images::push_image))
         .route("/v1/images/{name}/tar", axum::routing::put(import_image_tar))
         .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
         .route("/v1/sandboxes/{id}", get(get_sandbox).delete(delete_sandbox))
         .route("/v1/sandboxes/{id}/pack", post(pack_sandbox))
+        .route("/v1/sandboxes/{id}/phase", axum::routing::put(set_phase))
+        .route("/v1/sandboxes/{id}/network", axum::routing::put(set_network))
         .route("/v1/sandboxes/{id}/events", get(list_events))
         .route("/v1/sandboxes/{id}/exec", post(start_exec))
         .route("/v1/sandboxes/{id}/exec/{exec_id}", get(get_exec))

@@ -3,7 +3,7 @@
 
 use utoipa::OpenApi;
 
-use crate::{files, handlers};
+use crate::{files, handlers, images};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -14,9 +14,17 @@ use crate::{files, handlers};
         handlers::image_stats,
         handlers::import_image_dir,
         handlers::import_image_tar,
+        images::pull_image,
+        images::push_image,
+        images::inspect_image,
+        images::remove_image,
+        images::compose_image,
+        images::gc_images,
         handlers::create_sandbox,
         handlers::list_sandboxes,
         handlers::pack_sandbox,
+        handlers::set_phase,
+        handlers::set_network,
         handlers::list_events,
         handlers::get_sandbox,
         handlers::delete_sandbox,

@@ -210,6 +210,16 @@ impl SandboxCgroup {
             .ok_or(CgroupError::Parse { path, content: text })
     }
 
+    /// How many forks the pids limit refused (`max` of v1 `pids.events`).
+    pub fn pids_max_hits(&self) -> Result<u64> {
+        let path = self.path("pids").join("pids.events");
+        let text = read_file(&path)?;
+        text.lines()
+            .find_map(|line| line.strip_prefix("max "))
+            .and_then(|n| n.trim().parse().ok())
+            .ok_or(CgroupError::Parse { path, content: text })
+    }
+
     /// The pids in `hierarchy`'s `cgroup.procs`; empty when the directory
     /// does not exist.
     pub fn pids(&self, hierarchy: &str) -> Result<Vec<i32>> {
@@ -490,6 +500,7 @@ mod tests {
         }
         assert_eq!(cg.usage().unwrap().pids, 1);
         assert_eq!(cg.oom_kills().unwrap(), 0);
+        assert_eq!(cg.pids_max_hits().unwrap(), 0);
 
         cg.kill_all(Duration::from_secs(5)).unwrap();
         let status = child.wait().unwrap();

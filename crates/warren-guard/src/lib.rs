@@ -1,12 +1,15 @@
 //! Owns the isolation profile applied to every sandbox: which capabilities a
 //! sandbox keeps, which kernel files it never sees, which system calls and
 //! ioctls it may not make (the seccomp profile, whose refusals are reported as
-//! security events), and the cgroups that bound it (v1 controllers where this
-//! host has them, plus a cgroup2 directory that later carries eBPF programs).
+//! security events), which files each phase may reach and which signals and
+//! abstract sockets it may use (the Landlock ruleset), and the cgroups that
+//! bound it (v1 controllers where this host has them, plus a cgroup2
+//! directory that later carries eBPF programs).
 //!
 //! Invariant: a profile only ever tightens.
 //! Never: executes anything from a sandbox's image.
 
 pub mod cgroup;
+pub mod landlock;
 pub mod profile;
 pub mod seccomp;

@@ -119,6 +119,17 @@ pub struct LayerMeta {
     pub role: LayerRole,
 }
 
+/// What [`BlobStore::collect_garbage`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcReport {
+    pub layers_removed: u64,
+    pub chunks_removed: u64,
+    /// Bytes of the deleted objects (manifests and chunks).
+    pub bytes_freed: u64,
+    /// File digests of the layers images still use.
+    pub kept_layer_digests: std::collections::HashSet<String>,
+}
+
 /// Counters since the store was opened (shared by its clones).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BlobStats {
@@ -430,6 +441,107 @@ impl BlobStore {
         let image = layer::compose(name, tag, &manifests)?;
         self.put_image_manifest(&image).await?;
         Ok(image)
+    }
+
+    /// Every image manifest in the store, by name then tag.
+    pub async fn list_images(&self) -> Result<Vec<ImageManifest>, BlobError> {
+        let mut images = Vec::new();
+        for meta in self.list_keys("images").await? {
+            let key = meta.location;
+            let bytes = self.get_bytes(&key, || key.to_string()).await?;
+            match ImageManifest::from_json(&bytes) {
+                Ok(image) if image_key(&image.name, &image.tag) == key => images.push(image),
+                Ok(image) => tracing::warn!(%key, found = %image.id(), "skipping a misfiled image manifest"),
+                Err(e) => tracing::warn!(%key, error = %e, "skipping an unreadable image manifest"),
+            }
+        }
+        images.sort_by(|a, b| (&a.name, &a.tag).cmp(&(&b.name, &b.tag)));
+        Ok(images)
+    }
+
+    /// Removes the tag `name:tag`. Its layers and chunks stay until
+    /// [`BlobStore::collect_garbage`].
+    pub async fn delete_image(&self, name: &str, tag: &str) -> Result<(), BlobError> {
+        self.get_image_manifest(name, tag).await?;
+        let key = image_key(name, tag);
+        self.store.delete(&key).await.map_err(|source| BlobError::Store { context: format!("deleting {key}"), source })
+    }
+
+    /// Deletes every layer manifest no image names (unless its digest is in
+    /// `keep_digests`: layers still in use) and every chunk no remaining
+    /// layer lists. A referenced layer whose manifest cannot be
+    /// read stops the collection before anything is deleted, since its
+    /// chunks are unknown. Not safe while another writer pushes to the same
+    /// store (a push stores chunks before its manifest): the node runs it
+    /// under its import lock.
+    pub async fn collect_garbage(
+        &self,
+        keep_digests: &std::collections::HashSet<String>,
+    ) -> Result<GcReport, BlobError> {
+        let images = self.list_images().await?;
+        let named: std::collections::HashSet<(String, String)> =
+            images.iter().flat_map(|i| i.layers.iter().map(|l| (l.name.clone(), l.version.clone()))).collect();
+        let mut kept_chunks = std::collections::HashSet::new();
+        let mut kept_layers = std::collections::HashSet::new();
+        let mut doomed_layers = Vec::new();
+        for meta in self.list_keys("layers").await? {
+            let parts: Vec<String> = meta.location.parts().map(|p| p.as_ref().to_owned()).collect();
+            let id = match parts.as_slice() {
+                [_, name, file] => file.strip_suffix(".json").map(|version| (name.clone(), version.to_owned())),
+                _ => None,
+            };
+            let Some((name, version)) = id else {
+                doomed_layers.push(meta);
+                continue;
+            };
+            let layer = if named.contains(&(name.clone(), version.clone())) {
+                Some(self.get_layer_manifest(&name, &version).await?)
+            } else if keep_digests.is_empty() {
+                None
+            } else {
+                // Unreadable and unnamed: nothing can use it.
+                self.get_layer_manifest(&name, &version).await.ok().filter(|l| keep_digests.contains(&l.digest))
+            };
+            match layer {
+                Some(layer) => {
+                    kept_chunks.extend(layer.chunks.iter().cloned());
+                    kept_layers.insert(layer.digest);
+                }
+                None => doomed_layers.push(meta),
+            }
+        }
+        let mut report = GcReport { kept_layer_digests: kept_layers, ..GcReport::default() };
+        for meta in doomed_layers {
+            self.delete_key(&meta.location).await?;
+            report.layers_removed += 1;
+            report.bytes_freed += meta.size;
+        }
+        for meta in self.list_keys("chunks/sha256").await? {
+            let digest = meta.location.filename().map(|hex| format!("sha256:{hex}"));
+            if digest.is_some_and(|d| kept_chunks.contains(&d)) {
+                continue;
+            }
+            self.delete_key(&meta.location).await?;
+            report.chunks_removed += 1;
+            report.bytes_freed += meta.size;
+        }
+        Ok(report)
+    }
+
+    async fn list_keys(&self, prefix: &str) -> Result<Vec<object_store::ObjectMeta>, BlobError> {
+        let prefix = StorePath::from(prefix);
+        self.store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|source| BlobError::Store { context: format!("listing {prefix}"), source })
+    }
+
+    async fn delete_key(&self, key: &StorePath) -> Result<(), BlobError> {
+        match self.store.delete(key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(source) => Err(BlobError::Store { context: format!("deleting {key}"), source }),
+        }
     }
 
     async fn put_json(&self, key: &StorePath, json: Vec<u8>) -> Result<(), BlobError> {

@@ -238,6 +238,32 @@ impl LayerCache {
         stats
     }
 
+    /// Evicts every unleased layer whose digest is not in `keep` (a layer
+    /// no image references any more); returns how many and their bytes.
+    pub fn evict_unreferenced(&self, keep: &HashSet<String>) -> (usize, u64) {
+        let mut table = self.inner.table();
+        let victims: Vec<String> = table
+            .entries
+            .iter()
+            .filter(|(hex, e)| e.leases == 0 && !e.busy && e.file.is_some() && !keep.contains(&format!("sha256:{hex}")))
+            .map(|(hex, _)| hex.clone())
+            .collect();
+        let (mut count, mut bytes) = (0, 0);
+        for hex in victims {
+            let evicted = table.entries.get(&hex).map(|entry| (self.inner.evict(&hex, entry), entry.size_bytes));
+            match evicted {
+                Some((Ok(()), size)) => {
+                    table.entries.remove(&hex);
+                    count += 1;
+                    bytes += size;
+                }
+                Some((Err(e), _)) => tracing::warn!(layer = %hex, error = %e, "cannot evict an unreferenced layer"),
+                None => {}
+            }
+        }
+        (count, bytes)
+    }
+
     pub fn holder_pid(&self) -> i32 {
         self.inner.shared.holder.lock().unwrap_or_else(PoisonError::into_inner).pid()
     }

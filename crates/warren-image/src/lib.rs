@@ -1,5 +1,6 @@
 //! Owns the images sandboxes start from: named, ordered stacks of read-only
-//! layer directories on the node's disk, and the importers that fill them.
+//! layer directories on the node's disk, and the importers that fill them
+//! (directories, tar streams, OCI layouts, `docker save`, OCI registries).
 //!
 //! Invariants: a manifest names only complete layers (a layer is built under
 //! `tmp/` and renamed into `layers/` before any manifest refers to it), and a
@@ -20,6 +21,7 @@ pub mod layer;
 mod manifest;
 mod name;
 pub mod oci;
+pub mod registry;
 mod store;
 mod tar;
 

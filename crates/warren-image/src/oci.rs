@@ -28,15 +28,15 @@ use crate::erofs::{self, BuildOptions, BuiltLayer, ErofsError};
 use crate::error::ImageError;
 use crate::fsutil::{fsync_dir, private_scratch_dir, DirGuard};
 
-const MEDIA_OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
-const MEDIA_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
-const MEDIA_OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-const MEDIA_DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
-const MEDIA_OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
-const MEDIA_DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
+pub(crate) const MEDIA_OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub(crate) const MEDIA_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+pub(crate) const MEDIA_OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+pub(crate) const MEDIA_DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+pub(crate) const MEDIA_OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+pub(crate) const MEDIA_DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
 /// Layer media types: tar, optionally gzip or zstd compressed (the importer
 /// sniffs which from the bytes; the type only has to be one of these).
-const LAYER_MEDIA_TYPES: &[&str] = &[
+pub(crate) const LAYER_MEDIA_TYPES: &[&str] = &[
     "application/vnd.oci.image.layer.v1.tar",
     "application/vnd.oci.image.layer.v1.tar+gzip",
     "application/vnd.oci.image.layer.v1.tar+zstd",
@@ -50,7 +50,7 @@ const LAYER_MEDIA_TYPES: &[&str] = &[
 const REF_NAME_ANNOTATION: &str = "org.opencontainers.image.ref.name";
 const CONTAINERD_NAME_ANNOTATION: &str = "io.containerd.image.name";
 /// Manifests, indexes and configs are small; a larger "JSON" blob is hostile.
-const MAX_JSON_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_JSON_BYTES: u64 = 16 << 20;
 /// Indexes may nest; real ones go one level deep.
 const MAX_INDEX_DEPTH: usize = 4;
 

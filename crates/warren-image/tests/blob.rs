@@ -389,3 +389,45 @@ fn large_files(root: &Path) -> Vec<PathBuf> {
     files.sort();
     files
 }
+
+#[tokio::test]
+async fn garbage_collection_removes_only_what_no_image_or_lease_needs() {
+    let tmp = TempDir::new().unwrap();
+    let objects = tmp.path().join("store");
+    let store = BlobStore::local(&objects).unwrap().with_chunk_size(64 * KIB).unwrap();
+    let none = std::collections::HashSet::new();
+    // An empty store has nothing to list or collect.
+    assert!(store.list_images().await.unwrap().is_empty());
+    assert_eq!(store.collect_garbage(&none).await.unwrap().bytes_freed, 0);
+
+    let a = build_layer(tmp.path(), "a", 4, 100_000, |i| i as u64);
+    let b = build_layer(tmp.path(), "b", 4, 100_000, |i| 100 + i as u64);
+    store.push_layer(&a.path, &meta("a", "1", LayerRole::Base)).await.unwrap();
+    let b_manifest = store.push_layer(&b.path, &meta("b", "1", LayerRole::Toolkit)).await.unwrap();
+    store.compose_image("one", "latest", &[("a", "1")]).await.unwrap();
+    store.compose_image("two", "latest", &[("a", "1"), ("b", "1")]).await.unwrap();
+    let names: Vec<String> = store.list_images().await.unwrap().into_iter().map(|i| i.name).collect();
+    assert_eq!(names, ["one", "two"]);
+    let chunks_before = count_files(&objects.join("chunks/sha256"));
+
+    let report = store.collect_garbage(&none).await.unwrap();
+    assert_eq!((report.layers_removed, report.chunks_removed, report.bytes_freed), (0, 0, 0));
+    assert!(report.kept_layer_digests.contains(&b_manifest.digest));
+
+    store.delete_image("two", "latest").await.unwrap();
+    assert!(matches!(store.delete_image("two", "latest").await, Err(BlobError::NotFound(_))));
+    // A layer still in use (leased by a sandbox) survives with its chunks.
+    let leased = std::collections::HashSet::from([b_manifest.digest.clone()]);
+    assert_eq!(store.collect_garbage(&leased).await.unwrap().layers_removed, 0);
+
+    let report = store.collect_garbage(&none).await.unwrap();
+    assert_eq!(report.layers_removed, 1);
+    assert_eq!(report.chunks_removed as usize, chunks_before - count_files(&objects.join("chunks/sha256")));
+    assert!(report.chunks_removed > 0 && report.bytes_freed > 400_000, "{report:?}");
+    assert!(matches!(store.get_layer_manifest("b", "1").await, Err(BlobError::NotFound(_))));
+    // What image `one` needs is all still there.
+    let a_manifest = store.get_layer_manifest("a", "1").await.unwrap();
+    let dest = tmp.path().join("a-copy.erofs");
+    store.pull_layer_eager(&a_manifest, &dest).await.unwrap();
+    assert_eq!(fs::read(&dest).unwrap(), fs::read(&a.path).unwrap());
+}

@@ -18,6 +18,9 @@ pub enum InitError {
     /// The seccomp profile does not compile (a bug in its data).
     #[error("step 4: seccomp profile: {0}")]
     Profile(#[from] warren_guard::seccomp::SeccompError),
+    /// The initial phase's rules cannot be enforced in this image.
+    #[error("{0}")]
+    PhaseRejected(String),
     /// The host broke the setup protocol.
     #[error("setup protocol: {0}")]
     Protocol(String),

@@ -13,17 +13,17 @@
 //! not read from it (a unix stream socket reports `POLLHUP`).
 
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use rustix::event::{PollFd, PollFlags};
 use warren_init::proto::{self, ExecSpec, Exited, FrameKind, Response};
 
+use crate::leader::SpawnOrder;
 use crate::pathsearch::{self, LookupError};
-use crate::reaper::{ExitReport, ExitWaiter, Registry};
+use crate::phase::Phases;
+use crate::reaper::{ExitReport, ExitWaiter};
 use crate::session;
 use crate::tree;
 
@@ -68,15 +68,15 @@ impl StartError {
             StartError::Sys { source, .. } => source.kind() == io::ErrorKind::NotFound,
             _ => false,
         };
-        Response::Error { message: self.to_string(), not_found }
+        let busy = matches!(self, StartError::Sys { source, .. } if source.raw_os_error() == Some(libc::EAGAIN));
+        Response::Error { message: self.to_string(), not_found, busy }
     }
 }
 
 /// What init shares with every exec.
 pub struct Context {
-    pub registry: std::sync::Arc<Registry>,
-    /// This binary, for session commands (see `session`).
-    pub self_exe: OwnedFd,
+    /// The current phase, whose leader starts every process.
+    pub phases: std::sync::Arc<Phases>,
 }
 
 /// Runs `spec` for the host on `conn` until the exec is over.
@@ -141,9 +141,6 @@ fn plan(spec: &ExecSpec) -> Result<Plan, StartError> {
     let program = pathsearch::resolve(session::SHELL, &spec.env, cwd)?;
     let (rx, tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| StartError::Sys { what: "pipe", source: e.into() })?;
-    // Above every number the child's pre_exec writes to, so the dup2s
-    // there cannot clobber one another.
-    let tx = rustix::io::fcntl_dupfd_cloexec(&tx, 10).map_err(|e| StartError::Sys { what: "dup", source: e.into() })?;
     Ok(Plan {
         program,
         argv: vec![session::SHELL.into(), "-c".into(), session::wrap_command(cmd)],
@@ -154,74 +151,29 @@ fn plan(spec: &ExecSpec) -> Result<Plan, StartError> {
 
 fn start(ctx: &Context, spec: &ExecSpec) -> Result<Started, StartError> {
     let mut plan = plan(spec)?;
-    let mut command = Command::new(&plan.program);
-    command
-        .arg0(&plan.argv[0])
-        .args(&plan.argv[1..])
-        .env_clear()
-        .envs(&spec.env)
-        .current_dir(&spec.cwd)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let session_fds = plan.state_tx.as_ref().map(|tx| (tx.as_raw_fd(), ctx.self_exe.as_raw_fd()));
-    // SAFETY: the hook runs between fork and exec in the child of a
-    // multi-threaded process, so it only makes raw, async-signal-safe
-    // system calls on plain integers, and allocates nothing.
-    unsafe { command.pre_exec(move || prepare_child(session_fds)) };
-    let (child, exit) = ctx
-        .registry
-        .spawn_registered(|| {
-            let child = command.spawn()?;
-            Ok((child.id() as i32, child))
-        })
-        .map_err(StartError::sys("spawn"))?;
-    // The child has its copy; init's must close or the pipe never ends.
+    let pipe = || {
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| StartError::Sys { what: "pipe", source: e.into() })
+    };
+    let (stdin_rx, stdin_tx) = pipe()?;
+    let (stdout_rx, stdout_tx) = pipe()?;
+    let (stderr_rx, stderr_tx) = pipe()?;
+    let order = SpawnOrder {
+        program: plan.program.to_string_lossy().into_owned(),
+        argv: plan.argv.clone(),
+        env: spec.env.clone(),
+        cwd: spec.cwd.clone(),
+    };
+    let mut fds = vec![stdin_rx.as_fd(), stdout_tx.as_fd(), stderr_tx.as_fd()];
+    if let Some(state_tx) = &plan.state_tx {
+        fds.extend([state_tx.as_fd(), ctx.phases.self_exe()]);
+    }
+    let (pid, exit) = ctx.phases.spawn(&order, &fds).map_err(StartError::sys("spawn"))?;
+    // The child has its copies; init's must close or the pipes never end.
+    drop(fds);
     plan.state_tx = None;
-    let pid = child.id() as i32;
-    match (child.stdin, child.stdout, child.stderr) {
-        (Some(stdin), Some(stdout), Some(stderr)) => Ok(Started {
-            pid,
-            stdin: stdin.into(),
-            stdout: stdout.into(),
-            stderr: stderr.into(),
-            state: plan.state_rx,
-            exit,
-        }),
-        // std hands out every stream configured as a pipe; should it not,
-        // the process must not run unattended.
-        _ => {
-            tree::kill_tree(pid, &[]);
-            let _ = exit.report.recv();
-            Err(StartError::Sys { what: "spawn", source: io::Error::other("a standard stream is missing") })
-        }
-    }
-}
-
-/// In the child, before exec: its own session (so `kill_tree` finds all of
-/// it by session id) and child-subreaper status (which survives exec, so
-/// orphans of the command reparent to it and stay findable). Every
-/// descriptor above 2 (above 4 for a session shell) is closed on exec, and
-/// every signal has its default disposition (std only resets SIGPIPE).
-fn prepare_child(session_fds: Option<(RawFd, RawFd)>) -> io::Result<()> {
-    let check = |rc: libc::c_int| if rc == -1 { Err(io::Error::last_os_error()) } else { Ok(()) };
-    // SAFETY: setsid, prctl, dup2, close_range and rt_sigaction are
-    // async-signal-safe system calls on integers only, and this child is
-    // single-threaded and about to exec.
-    unsafe {
-        crate::sys::reset_signal_dispositions();
-        check(libc::setsid())?;
-        check(libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0))?;
-        let first_closed = match session_fds {
-            Some((state, exe)) => {
-                check(libc::dup2(state, session::STATE_FD))?;
-                check(libc::dup2(exe, session::EXE_FD))?;
-                session::EXE_FD + 1
-            }
-            None => 3,
-        };
-        check(libc::close_range(first_closed as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC as i32))
-    }
+    drop((stdin_rx, stdout_tx, stderr_tx));
+    Ok(Started { pid, stdin: stdin_tx, stdout: stdout_rx, stderr: stderr_rx, state: plan.state_rx, exit })
 }
 
 /// The state of one running exec's pump.

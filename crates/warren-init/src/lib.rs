@@ -2,13 +2,17 @@
 //!
 //! Owns: building the sandbox from inside (namespaces it enters, its mounts,
 //! `pivot_root`, masks, capability drop, the seccomp filter and the record of
-//! what it refused), reaping orphans, running commands
-//! with their output streamed back, and killing whole process trees on
-//! request. The library half is the wire protocol shared with the node side.
+//! what it refused), reaping orphans, running commands with their output
+//! streamed back, killing whole process trees on request, and phases: one
+//! leader process per phase holds the phase's Landlock domain and starts
+//! every command of that phase. The library half is the wire protocol
+//! shared with the node side.
 //!
 //! Invariants: talks to the node only over file descriptors it inherited
 //! (the setup socket and the control listener); never execs a binary of the
 //! image for platform work; writes no logs inside the sandbox.
-//! Never: trusts a peer that lives inside the sandbox's own pid namespace.
+//! Never: trusts a peer that lives inside the sandbox's own pid namespace;
+//! enters a Landlock domain itself (PID 1 must stay able to start a later,
+//! looser phase).
 
 pub mod proto;

@@ -1,12 +1,15 @@
 //! `warren-init`: PID 1 of a container sandbox (see the library's doc for
 //! what it owns). Started by the host with the setup socket at fd 3 and the
-//! control listener at fd 4; or, inside a sandbox, by a session shell in
-//! report-state mode (see `session`).
+//! control listener at fd 4; or, inside a sandbox, by PID 1 as a phase
+//! leader (see `leader`), or by a session shell in report-state mode (see
+//! `session`).
 
 mod error;
 mod events;
 mod exec;
+mod leader;
 mod pathsearch;
+mod phase;
 mod pid1;
 mod reaper;
 mod rootfs;
@@ -23,6 +26,9 @@ fn main() {
     if let Some(mode) = args.next() {
         if mode == session::REPORT_STATE_ARG {
             session::report_state_main(args)
+        }
+        if mode == leader::LEADER_ARG {
+            leader::leader_main()
         }
     }
     setup::run()

@@ -1,6 +1,7 @@
 //! Step 4 of the setup sequence, run by PID 1 of the new pid namespace:
 //! build the sandbox's view of the system, seal the process, take on the
-//! seccomp profile, then serve.
+//! seccomp profile, start the first phase's leader (see `leader`), then
+//! serve.
 
 use std::os::fd::{IntoRawFd, OwnedFd};
 use std::path::Path;
@@ -8,9 +9,13 @@ use std::sync::Arc;
 
 use crate::error::{InitError, StepContext};
 use crate::events::EventLog;
+use crate::leader::StartError;
+use crate::phase::Phases;
+use crate::reaper::Registry;
 use crate::setup::SetupChannel;
 use crate::{rootfs, seal, seccomp, serve, sys};
 use warren_init::proto::setup::{BuildSpec, InitSays};
+use warren_init::proto::PhaseRules;
 use warren_init::proto::{LISTEN_FD, SETUP_FD};
 
 /// The descriptor number PID 1 keeps its own executable at (the first one
@@ -21,10 +26,15 @@ pub fn run(mut channel: SetupChannel, spec: BuildSpec, self_exe: OwnedFd, parent
     let built = build(&spec);
     wait_for_parent(parent_done);
     let built = built.and_then(|()| settle_fds(self_exe)).and_then(restrict);
-    let (self_exe, events) = match built {
+    let built = built.and_then(|(self_exe, events)| Ok((first_phase(self_exe, spec.phase)?, events)));
+    let (phases, events) = match built {
         Ok(ready) => ready,
         Err(e) => {
-            let _ = channel.send(&InitSays::Failed { message: e.to_string() });
+            let said = match e {
+                InitError::PhaseRejected(message) => InitSays::PhaseRejected { message },
+                e => InitSays::Failed { message: e.to_string() },
+            };
+            let _ = channel.send(&said);
             sys::exit_now(1)
         }
     };
@@ -36,7 +46,7 @@ pub fn run(mut channel: SetupChannel, spec: BuildSpec, self_exe: OwnedFd, parent
         // left to tell it.
         sys::exit_now(1)
     }
-    serve::run(self_exe, events)
+    serve::run(phases, events)
 }
 
 fn build(spec: &BuildSpec) -> Result<(), InitError> {
@@ -61,6 +71,18 @@ fn settle_fds(self_exe: OwnedFd) -> Result<OwnedFd, InitError> {
 fn restrict(self_exe: OwnedFd) -> Result<(OwnedFd, Arc<EventLog>), InitError> {
     let events = seccomp::start()?;
     Ok((self_exe, events))
+}
+
+/// After the seccomp filter (so every leader, and every process it
+/// starts, runs under it): the reaper, and the first phase's leader.
+fn first_phase(self_exe: OwnedFd, rules: PhaseRules) -> Result<Arc<Phases>, InitError> {
+    let registry = Registry::start().step(|| "step 4: start the reaper".into())?;
+    let name = rules.name.clone();
+    let phases = Phases::start(registry, self_exe, rules).map_err(|e| match e {
+        StartError::Rejected(message) => InitError::PhaseRejected(message),
+        StartError::Io(e) => InitError::Sys { step: format!("step 4: start phase `{name}`"), source: e },
+    })?;
+    Ok(Arc::new(phases))
 }
 
 /// Blocks until the forking parent has exited (its end of the pipe closes),

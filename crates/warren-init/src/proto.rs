@@ -65,6 +65,28 @@ pub enum Request {
     /// The security events recorded after `after_seq` (0: all that are
     /// still held); answered with [`Response::Events`].
     Events { after_seq: u64 },
+    /// Makes `phase` current: later execs run under its Landlock ruleset.
+    /// With `kill_running`, every process of the sandbox but init is killed
+    /// first. Answered with [`Response::PhaseSet`] (or `Error`, and then
+    /// the earlier phase stays current).
+    SetPhase { phase: PhaseRules, kill_running: bool },
+}
+
+/// What init needs of a phase: its name (for messages) and its protected
+/// paths. The host has validated them; init checks them again.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PhaseRules {
+    pub name: String,
+    /// Absolute path inside the sandbox -> access level.
+    pub protected_paths: BTreeMap<String, PathAccess>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PathAccess {
+    None,
+    Read,
+    ReadWrite,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -96,6 +118,10 @@ pub enum Response {
     Error {
         message: String,
         not_found: bool,
+        /// No pid was left for the request (the sandbox's processes hold
+        /// its whole pids limit); the same request may succeed later.
+        #[serde(default)]
+        busy: bool,
     },
     /// Every event still held with `seq > after_seq`, oldest first. Init
     /// keeps the latest events only (a bounded ring): `dropped` counts the
@@ -106,6 +132,17 @@ pub enum Response {
         events: Vec<SecurityEvent>,
         dropped: u64,
         next_seq: u64,
+    },
+    /// The phase is current; `killed` processes of earlier phases were
+    /// killed on the way.
+    PhaseSet {
+        killed: u32,
+    },
+    /// The phase's rules cannot be enforced in this sandbox (e.g. a
+    /// symbolic link on the way to a protected path); the earlier phase
+    /// stays current.
+    PhaseRejected {
+        message: String,
     },
 }
 
@@ -221,6 +258,11 @@ pub mod setup {
         },
         /// PID 1 is serving on the control listener; setup is over.
         Ready,
+        /// The initial phase's rules cannot be enforced in this image (e.g.
+        /// a symbolic link on the way to a protected path); init exits.
+        PhaseRejected {
+            message: String,
+        },
         Failed {
             message: String,
         },
@@ -240,6 +282,10 @@ pub mod setup {
         pub hostname: String,
         /// Bring `lo` up in the new network namespace.
         pub loopback: bool,
+        /// The phase the sandbox starts in (no name and no protected paths
+        /// when the task has no phases).
+        #[serde(default)]
+        pub phase: super::PhaseRules,
     }
 }
 
@@ -287,6 +333,14 @@ mod tests {
             r#"{"kind":"events","events":[{"seq":8,"time_ms":1700000000000,"pid":12,"comm":"cp","kind":"seccomp","syscall":"ioctl","detail":"FICLONE (0x40049409)"}],"dropped":0,"next_seq":9}"#
         );
         assert_eq!(serde_json::from_str::<Response>(&json).unwrap(), response);
+        let set = Request::SetPhase {
+            phase: PhaseRules { name: "grade".into(), protected_paths: [("/answers".into(), PathAccess::Read)].into() },
+            kill_running: true,
+        };
+        assert_eq!(
+            serde_json::to_string(&set).unwrap(),
+            r#"{"op":"set_phase","phase":{"name":"grade","protected_paths":{"/answers":"read"}},"kill_running":true}"#
+        );
         // The older requests keep their form.
         assert_eq!(serde_json::to_string(&Request::Ping).unwrap(), r#"{"op":"ping"}"#);
     }

@@ -96,16 +96,35 @@ impl Registry {
 
     /// Runs `spawn` (which forks and returns the child's pid) under the
     /// registry lock and registers the pid before the lock is released.
-    pub fn spawn_registered<T>(&self, spawn: impl FnOnce() -> io::Result<(i32, T)>) -> io::Result<(T, ExitWaiter)> {
-        let (wake_rx, wake_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    ///
+    /// A spawn that fails may still have left a child behind (one whose
+    /// exec failed and that PID 1 must reap): the reaper is woken either way.
+    pub fn spawn_registered<T, E: From<io::Error>>(
+        &self,
+        spawn: impl FnOnce() -> Result<(i32, T), E>,
+    ) -> Result<(T, ExitWaiter), E> {
+        let (wake_rx, wake_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(io::Error::from)?;
         let (report_tx, report_rx) = mpsc::sync_channel(1);
         let mut inner = self.lock();
-        let (pid, spawned) = spawn()?;
-        inner.waiters.insert(pid, Waiter { report: report_tx, _wake: wake_tx });
+        let spawned = spawn();
+        if let Ok((pid, _)) = &spawned {
+            inner.waiters.insert(*pid, Waiter { report: report_tx, _wake: wake_tx });
+        }
         inner.generation += 1;
         drop(inner);
         self.registered.notify_all();
+        let (_, spawned) = spawned?;
         Ok((spawned, ExitWaiter { report: report_rx, wake: wake_rx }))
+    }
+
+    /// Sends `signal` to the registered process `pid` unless it has been
+    /// reaped already: under the lock the reaper reaps under, so the pid
+    /// cannot have been reused by another process meanwhile.
+    pub fn signal_unreaped(&self, pid: i32, signal: i32) {
+        let inner = self.lock();
+        if inner.waiters.contains_key(&pid) {
+            sys::signal(pid, signal);
+        }
     }
 
     fn reap_forever(&self) {
@@ -131,7 +150,7 @@ impl Registry {
         }
     }
 
-    /// Init has no children: none can appear until an exec registers one
+    /// Init has no children: none can appear until a spawn is attempted
     /// (orphans only ever come from descendants).
     fn wait_for_registration(&self, seen: u64) {
         let mut inner = self.lock();
@@ -165,7 +184,7 @@ mod tests {
             command.args(args);
             registry.spawn_registered(|| {
                 let child = command.spawn()?;
-                Ok((child.id() as i32, ()))
+                Ok::<_, io::Error>((child.id() as i32, ()))
             })
         };
         // std reaps a child whose exec failed by itself: that must neither

@@ -9,7 +9,7 @@
 //! a control message.
 
 use std::io;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,11 +18,15 @@ use warren_init::proto::{self, FrameKind, Request, Response, LISTEN_FD};
 
 use crate::events::EventLog;
 use crate::exec::{self, Context};
-use crate::reaper::Registry;
+use crate::leader::StartError;
+use crate::phase::Phases;
 use crate::sys;
 
 /// Stack of a connection thread: the pump keeps its buffers on the heap.
 const CONNECTION_STACK_BYTES: usize = 256 * 1024;
+/// How long the accept loop may block answering "busy" on a connection it
+/// cannot serve (the host reads promptly; this only bounds a stuck peer).
+const BUSY_ANSWER_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// What every connection can reach.
 struct Shared {
@@ -30,18 +34,14 @@ struct Shared {
     events: Arc<EventLog>,
 }
 
-pub fn run(self_exe: OwnedFd, events: Arc<EventLog>) -> ! {
+pub fn run(phases: Arc<Phases>, events: Arc<EventLog>) -> ! {
     // SAFETY: the host hands init fd LISTEN_FD as a listening unix socket
     // and nothing else in this process owns it; it is wrapped once, here.
     let listener = unsafe { UnixListener::from_raw_fd(LISTEN_FD) };
     if rustix::io::fcntl_setfd(&listener, rustix::io::FdFlags::CLOEXEC).is_err() {
         sys::exit_now(1)
     }
-    let registry = match Registry::start() {
-        Ok(registry) => registry,
-        Err(_) => sys::exit_now(1),
-    };
-    let ctx = Arc::new(Shared { exec: Context { registry, self_exe }, events });
+    let ctx = Arc::new(Shared { exec: Context { phases }, events });
     loop {
         match listener.accept() {
             Ok((conn, _)) => admit(&ctx, conn),
@@ -56,13 +56,33 @@ fn admit(ctx: &Arc<Shared>, conn: UnixStream) {
         // Inside the sandbox (or unknowable): refuse by closing.
         _ => return,
     }
+    // A second handle costs a descriptor, not a pid: when the sandbox's
+    // processes hold every pid of its cgroup (a fork bomb), the thread
+    // cannot start but the host still gets an answer instead of a silently
+    // closed connection it could mistake for a dead init.
+    let answer_busy = conn.try_clone().ok();
     let ctx = Arc::clone(ctx);
-    // On failure the closure, and with it the connection, is dropped: the
-    // host sees the connection close.
-    let _ = std::thread::Builder::new()
+    let started = std::thread::Builder::new()
         .name("conn".into())
         .stack_size(CONNECTION_STACK_BYTES)
         .spawn(move || serve_connection(&ctx, conn));
+    if let (Err(e), Some(mut conn)) = (started, answer_busy) {
+        let _ = conn.set_write_timeout(Some(BUSY_ANSWER_TIMEOUT));
+        let _ = conn.set_read_timeout(Some(BUSY_ANSWER_TIMEOUT));
+        // Take the request off the wire first: closing a socket with unread
+        // data resets it, and the host would read the reset, not the answer.
+        let _ = proto::read_frame(&mut conn);
+        let busy = Response::Error {
+            message: format!("the sandbox's init cannot start a thread ({e}): its pids limit is exhausted"),
+            not_found: false,
+            busy: true,
+        };
+        let _ = proto::write_json(&mut conn, FrameKind::Response, &busy);
+        // Whatever else the host sent (e.g. stdin) is drained until it
+        // closes, for the same reason.
+        let _ = conn.shutdown(std::net::Shutdown::Write);
+        let _ = io::copy(&mut conn, &mut io::sink());
+    }
 }
 
 /// Out of descriptors or memory: the condition passes as execs end, so wait
@@ -90,13 +110,26 @@ fn serve_connection(ctx: &Shared, mut conn: UnixStream) {
             let _ = proto::write_json(&mut conn, FrameKind::Response, &pong);
         }
         Ok(Request::Exec(spec)) => exec::run(&ctx.exec, conn, spec),
+        Ok(Request::SetPhase { phase, kill_running }) => {
+            let name = phase.name.clone();
+            let answer = match ctx.exec.phases.switch(phase, kill_running) {
+                Ok(killed) => Response::PhaseSet { killed },
+                Err(StartError::Rejected(message)) => Response::PhaseRejected { message },
+                Err(StartError::Io(e)) => Response::Error {
+                    message: format!("cannot start phase `{name}`: {e}"),
+                    not_found: false,
+                    busy: false,
+                },
+            };
+            let _ = proto::write_json(&mut conn, FrameKind::Response, &answer);
+        }
         Ok(Request::Events { after_seq }) => {
             let batch = ctx.events.after(after_seq);
             let events = Response::Events { events: batch.events, dropped: batch.dropped, next_seq: batch.next_seq };
             let _ = proto::write_json(&mut conn, FrameKind::Response, &events);
         }
         Err(e) => {
-            let error = Response::Error { message: format!("bad request: {e}"), not_found: false };
+            let error = Response::Error { message: format!("bad request: {e}"), not_found: false, busy: false };
             let _ = proto::write_json(&mut conn, FrameKind::Response, &error);
         }
     }

@@ -114,11 +114,27 @@ pub fn pipe_holders(procs: &[ProcStat], inodes: &[u64]) -> HashSet<i32> {
 /// Kills the tree of `root` (see the module doc) until nothing of it lives.
 pub fn kill_tree(root: i32, pipe_inodes: &[u64]) {
     let me = std::process::id() as i32;
-    let find = || {
+    kill_until_gone(|| {
         let procs = scan();
         let holders = pipe_holders(&procs, pipe_inodes);
         members(&procs, root, &holders, me)
-    };
+    });
+}
+
+/// Kills every process of the sandbox but init itself and `keep`, until
+/// none is left; returns how many were killed.
+pub fn kill_all_but(keep: &[i32]) -> u32 {
+    let me = std::process::id() as i32;
+    let killed = kill_until_gone(|| {
+        scan().into_iter().filter(|p| p.pid != me && p.pid > 1 && !p.is_dead() && !keep.contains(&p.pid)).collect()
+    });
+    u32::try_from(killed).unwrap_or(u32::MAX)
+}
+
+/// Stops, then kills, what `find` finds, until it finds nothing; returns
+/// how many distinct processes were killed.
+fn kill_until_gone(find: impl Fn() -> Vec<ProcStat>) -> usize {
+    let mut killed = HashSet::new();
     loop {
         // Freeze: stop what was found, rescan for children forked meanwhile,
         // until a scan finds nobody new. Stopped processes cannot fork, so
@@ -138,10 +154,11 @@ pub fn kill_tree(root: i32, pipe_inodes: &[u64]) {
             found = find();
         }
         if found.is_empty() {
-            return;
+            return killed.len();
         }
         for p in &found {
             sys::signal(p.pid, libc::SIGKILL);
+            killed.insert(p.pid);
         }
         // Give the killed a moment to turn into zombies before rescanning,
         // so the loop does not spin while the kernel tears them down.

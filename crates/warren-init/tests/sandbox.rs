@@ -318,7 +318,12 @@ fn the_binary_has_no_program_interpreter() {
 fn setup_failure_is_reported_with_the_step() {
     let failure = start_with(
         |_| {},
-        |_| BuildSpec { rootfs: "/nonexistent/rootfs".into(), hostname: "x".into(), loopback: false },
+        |_| BuildSpec {
+            rootfs: "/nonexistent/rootfs".into(),
+            hostname: "x".into(),
+            loopback: false,
+            phase: Default::default(),
+        },
     )
     .err()
     .expect("a missing rootfs cannot be built");

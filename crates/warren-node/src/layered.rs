@@ -13,8 +13,9 @@ use warren_api::ImageInfo;
 use warren_image::blob::{BlobStore, ChunkSource, LayerMeta};
 use warren_image::cache::{CacheConfig, HolderCommand, LayerCache, LayerLease};
 use warren_image::erofs::{self, BuildOptions};
-use warren_image::layer::{ImageManifest, LayerRole};
+use warren_image::layer::{ImageManifest, LayerManifest, LayerRole};
 use warren_image::oci;
+use warren_image::registry::{self, RegistryError, RegistryOptions};
 
 use crate::{new_id, now_ms, NodeError, Result};
 
@@ -32,6 +33,11 @@ pub struct LayeredImages {
     cache: tokio::sync::OnceCell<LayerCache>,
     config: CacheConfig,
     scratch: PathBuf,
+    /// Held shared by everything that pushes layers to the store or leases
+    /// them, and exclusively by garbage collection, which would otherwise
+    /// delete the chunks of a layer whose manifest is not written yet or
+    /// whose lease is being made.
+    writes: tokio::sync::RwLock<()>,
 }
 
 fn image_err(context: &str, e: impl std::fmt::Display) -> NodeError {
@@ -51,7 +57,13 @@ impl LayeredImages {
         let scratch = data_dir.join("tmp");
         std::fs::create_dir_all(&scratch).map_err(|e| image_err("creating the scratch dir", e))?;
         let earlier_run = config.dir.join(HOLDER_RECORD).exists();
-        let images = LayeredImages { blobs, cache: tokio::sync::OnceCell::new(), config, scratch };
+        let images = LayeredImages {
+            blobs,
+            cache: tokio::sync::OnceCell::new(),
+            config,
+            scratch,
+            writes: tokio::sync::RwLock::new(()),
+        };
         if earlier_run {
             images.cache().await?;
         }
@@ -85,6 +97,7 @@ impl LayeredImages {
     ) -> Result<ImageInfo> {
         warren_image::validate_name(name)
             .map_err(|e| NodeError::Invalid(warren_api::ApiError::invalid("name", e.to_string())))?;
+        let _writing = self.writes.read().await;
         let file = self.scratch.join(format!("{}.erofs", new_id("layer")));
         let (src, dst) = (dir.to_path_buf(), file.clone());
         let built = tokio::task::spawn_blocking(move || erofs::build_from_dir(&src, &dst, &BuildOptions::default()))
@@ -103,11 +116,12 @@ impl LayeredImages {
     }
 
     /// Imports an OCI image layout directory or a `docker save` tarball: every
-    /// image layer becomes one EROFS base layer (whiteouts converted), pushed
-    /// and composed into image `name`.
-    pub async fn import_oci(&self, name: &str, source: &Path, docker_save: bool) -> Result<ImageInfo> {
+    /// image layer becomes one EROFS layer of `role` (whiteouts converted),
+    /// pushed and composed into image `name`.
+    pub async fn import_oci(&self, name: &str, source: &Path, docker_save: bool, role: LayerRole) -> Result<ImageInfo> {
         warren_image::validate_name(name)
             .map_err(|e| NodeError::Invalid(warren_api::ApiError::invalid("name", e.to_string())))?;
+        let _writing = self.writes.read().await;
         let out = self.scratch.join(new_id("oci"));
         std::fs::create_dir_all(&out).map_err(|e| image_err("creating the import dir", e))?;
         let (src, dst) = (source.to_path_buf(), out.clone());
@@ -124,20 +138,179 @@ impl LayeredImages {
         .map_err(|e| image_err("OCI import task", e))?;
         let pushed = async {
             let imported = imported.map_err(|e| NodeError::Invalid(warren_api::ApiError::invalid("dir", e)))?;
-            let version = format!("{}", now_ms());
-            let mut refs = Vec::new();
-            for (i, layer) in imported.layers.iter().enumerate() {
-                let meta =
-                    LayerMeta { name: format!("{name}.layer{i}"), version: version.clone(), role: LayerRole::Base };
-                self.blobs.push_layer(&layer.path, &meta).await.map_err(|e| image_err("pushing a layer", e))?;
-                refs.push(meta.name);
-            }
-            let pairs: Vec<(&str, &str)> = refs.iter().map(|n| (n.as_str(), version.as_str())).collect();
-            self.blobs.compose_image(name, TAG, &pairs).await.map_err(|e| image_err("composing the image", e))
+            let paths: Vec<&Path> = imported.layers.iter().map(|l| l.path.as_path()).collect();
+            self.publish_layers(name, &paths, |i, version| LayerMeta {
+                name: format!("{name}.layer{i}"),
+                version: version.to_owned(),
+                role,
+            })
+            .await
         }
         .await;
         let _ = std::fs::remove_dir_all(&out);
         Ok(image_info(&pushed?))
+    }
+
+    /// Pushes the EROFS files `paths` (bottom first) as the layers `meta`
+    /// names, then makes image `name` of them. Called with the write gate held.
+    async fn publish_layers(
+        &self,
+        name: &str,
+        paths: &[&Path],
+        meta: impl Fn(usize, &str) -> LayerMeta,
+    ) -> Result<ImageManifest> {
+        let version = format!("{}", now_ms());
+        let mut refs = Vec::with_capacity(paths.len());
+        for (i, path) in paths.iter().enumerate() {
+            let meta = meta(i, &version);
+            self.blobs.push_layer(path, &meta).await.map_err(|e| image_err("pushing a layer", e))?;
+            if !refs.contains(&(meta.name.clone(), meta.version.clone())) {
+                refs.push((meta.name, meta.version));
+            }
+        }
+        let pairs: Vec<(&str, &str)> = refs.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        self.blobs.compose_image(name, TAG, &pairs).await.map_err(|e| image_err("composing the image", e))
+    }
+
+    /// Pulls `reference` from an OCI registry into image `name`. Ordinary
+    /// images become EROFS layers of `role` (default base), converted like
+    /// an OCI layout; a Warren artifact's layers come back as pushed, under
+    /// their own `name@version` and role unless `role` overrides it.
+    pub async fn pull(
+        &self,
+        name: &str,
+        reference: &str,
+        options: RegistryOptions,
+        role: Option<LayerRole>,
+    ) -> Result<ImageInfo> {
+        warren_image::validate_name(name)
+            .map_err(|e| NodeError::Invalid(warren_api::ApiError::invalid("name", e.to_string())))?;
+        let _writing = self.writes.read().await;
+        let out = self.scratch.join(new_id("pull"));
+        std::fs::create_dir_all(&out).map_err(|e| image_err("creating the pull dir", e))?;
+        let published = async {
+            let pulled =
+                registry::pull(reference, options, &out, &BuildOptions::default()).await.map_err(registry_node_err)?;
+            tracing::info!(name, resolved = %pulled.resolved, layers = pulled.layers.len(), "pulled an image");
+            let paths: Vec<&Path> = pulled.layers.iter().map(|l| l.built.path.as_path()).collect();
+            self.publish_layers(name, &paths, |i, version| match &pulled.layers[i].origin {
+                Some(origin) => LayerMeta {
+                    name: origin.name.clone(),
+                    version: origin.version.clone(),
+                    role: role.unwrap_or(origin.role),
+                },
+                None => LayerMeta {
+                    name: format!("{name}.layer{i}"),
+                    version: version.to_owned(),
+                    role: role.unwrap_or(LayerRole::Base),
+                },
+            })
+            .await
+        }
+        .await;
+        let _ = std::fs::remove_dir_all(&out);
+        Ok(image_info(&published?))
+    }
+
+    /// Pushes image `name` to `reference` as a Warren artifact: each layer
+    /// fetched whole from the store (digest checked), then sent as is.
+    pub async fn push(&self, name: &str, reference: &str, options: RegistryOptions) -> Result<registry::PushedImage> {
+        let _reading = self.writes.read().await;
+        let (_, layers) = self.inspect(name).await?.ok_or_else(|| NodeError::ImageNotFound(name.to_string()))?;
+        let dir = self.scratch_dir()?;
+        let pushed = async {
+            let mut files = Vec::with_capacity(layers.len());
+            for layer in &layers {
+                let file = dir.join(format!("{}.erofs", layer.digest.trim_start_matches("sha256:")));
+                if !file.exists() {
+                    self.blobs.pull_layer_eager(layer, &file).await.map_err(|e| image_err("reading a layer", e))?;
+                }
+                let origin = registry::LayerOrigin {
+                    name: layer.name.clone(),
+                    version: layer.version.clone(),
+                    role: layer.role,
+                };
+                files.push(registry::PushLayer { origin, file });
+            }
+            registry::push(reference, options, &files).await.map_err(registry_node_err)
+        }
+        .await;
+        let _ = std::fs::remove_dir_all(&dir);
+        pushed
+    }
+
+    /// Image `name`'s manifest and its layers' (bottom first), or `None`.
+    pub async fn inspect(&self, name: &str) -> Result<Option<(ImageManifest, Vec<LayerManifest>)>> {
+        let image = match self.blobs.get_image_manifest(name, TAG).await {
+            Ok(image) => image,
+            Err(warren_image::blob::BlobError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(image_err("reading the image", e)),
+        };
+        let layers = self.blobs.image_layers(&image).await.map_err(|e| image_err("reading the image's layers", e))?;
+        Ok(Some((image, layers)))
+    }
+
+    /// Every layered image.
+    pub async fn list(&self) -> Result<Vec<ImageInfo>> {
+        let images = self.blobs.list_images().await.map_err(|e| image_err("listing images", e))?;
+        Ok(images.iter().map(image_info).collect())
+    }
+
+    /// Removes image `name`'s tag; `false` if there is none. Its layers stay
+    /// until [`LayeredImages::gc`].
+    pub async fn remove(&self, name: &str) -> Result<bool> {
+        match self.blobs.delete_image(name, TAG).await {
+            Ok(()) => Ok(true),
+            Err(warren_image::blob::BlobError::NotFound(_)) => Ok(false),
+            Err(e) => Err(image_err("removing the image", e)),
+        }
+    }
+
+    /// Image `name` = `layers` (each `name@version`, bottom first). No
+    /// layer data is read or copied.
+    pub async fn compose(&self, name: &str, layers: &[LayerManifest]) -> Result<ImageInfo> {
+        warren_image::validate_name(name)
+            .map_err(|e| NodeError::Invalid(warren_api::ApiError::invalid("name", e.to_string())))?;
+        let _writing = self.writes.read().await;
+        let pairs: Vec<(&str, &str)> = layers.iter().map(|l| (l.name.as_str(), l.version.as_str())).collect();
+        let image = self.blobs.compose_image(name, TAG, &pairs).await.map_err(|e| match e {
+            warren_image::blob::BlobError::Manifest(m) => {
+                NodeError::Invalid(warren_api::ApiError::invalid("layers", m.to_string()))
+            }
+            other => image_err("composing the image", other),
+        })?;
+        Ok(image_info(&image))
+    }
+
+    /// Layer `name@version`, or `None`.
+    pub async fn layer(&self, name: &str, version: &str) -> Result<Option<LayerManifest>> {
+        match self.blobs.get_layer_manifest(name, version).await {
+            Ok(layer) => Ok(Some(layer)),
+            Err(warren_image::blob::BlobError::NotFound(_)) => Ok(None),
+            Err(e) => Err(image_err("reading the layer", e)),
+        }
+    }
+
+    /// Deletes what no image references: layer manifests, chunks, and
+    /// unleased cached layer files. Layers leased by running sandboxes are
+    /// kept with their chunks even when no image names them any more.
+    pub async fn gc(&self) -> Result<warren_api::ImageGcReport> {
+        let _exclusive = self.writes.write().await;
+        let leased: std::collections::HashSet<String> = self
+            .cache
+            .get()
+            .map(|c| c.stats().into_iter().filter(|l| l.leases > 0).map(|l| l.digest).collect())
+            .unwrap_or_default();
+        let report = self.blobs.collect_garbage(&leased).await.map_err(|e| image_err("collecting garbage", e))?;
+        let mut keep = report.kept_layer_digests.clone();
+        keep.extend(leased);
+        let (cached, cached_bytes) = self.cache.get().map(|c| c.evict_unreferenced(&keep)).unwrap_or_default();
+        Ok(warren_api::ImageGcReport {
+            layers_removed: report.layers_removed,
+            chunks_removed: report.chunks_removed,
+            cached_layers_removed: cached as u64,
+            bytes_freed: report.bytes_freed + cached_bytes,
+        })
     }
 
     /// A fresh, empty directory under the scratch dir; the caller removes it.
@@ -204,6 +377,9 @@ impl LayeredImages {
 
     /// Leases every layer of `name` (bottom first), each mounted and ready.
     pub async fn acquire(&self, name: &str) -> Result<Vec<LayerLease>> {
+        // Until the leases exist, garbage collection must not take the
+        // chunks of the layers being prepared.
+        let _reading = self.writes.read().await;
         let image =
             self.blobs.get_image_manifest(name, TAG).await.map_err(|_| NodeError::ImageNotFound(name.to_string()))?;
         let layers = self.blobs.image_layers(&image).await.map_err(|e| image_err("reading the image's layers", e))?;
@@ -213,6 +389,21 @@ impl LayeredImages {
         }
         Ok(leases)
     }
+}
+
+/// A registry failure as the API reports it: bad input and bad content are
+/// the caller's (400, field `reference`), a missing image is 404, an
+/// unreachable or failing registry 502.
+fn registry_node_err(e: RegistryError) -> NodeError {
+    use warren_api::{ApiError, ErrorCode};
+    let message = e.to_string();
+    let code = match e {
+        RegistryError::NotFound { .. } => ErrorCode::NotFound,
+        RegistryError::Registry { .. } | RegistryError::Denied { .. } => ErrorCode::RegistryUnavailable,
+        RegistryError::Io { .. } | RegistryError::Scratch(_) => return NodeError::Internal(message),
+        _ => ErrorCode::InvalidRequest,
+    };
+    NodeError::Invalid(ApiError { code, message, field: Some("reference".into()) })
 }
 
 fn image_info(image: &ImageManifest) -> ImageInfo {

@@ -14,7 +14,11 @@ mod capture;
 pub mod events;
 mod exec;
 mod files;
+mod images;
 mod layered;
+mod limits;
+mod network;
+mod phase;
 mod pool;
 mod records;
 
@@ -38,6 +42,7 @@ pub use capture::{Capture, Chunk};
 pub use exec::ExecEntry;
 pub use files::FileError;
 pub use layered::DEFAULT_CACHE_BYTES;
+pub use network::{builtin_presets, NetworkOptions};
 pub use pool::PoolSpec;
 use records::{SandboxRecord, SessionRecord};
 pub use warren_image::cache::HolderCommand;
@@ -50,6 +55,9 @@ const CREATE_DEADLINE: Duration = Duration::from_secs(60);
 const REAP_INTERVAL: Duration = Duration::from_millis(250);
 /// Liveness probes run every this many reaper ticks.
 const PROBE_EVERY_TICKS: u64 = 8;
+/// Limit counters (OOM kills, refused forks, a full writable layer) are
+/// read every this many reaper ticks.
+const LIMITS_EVERY_TICKS: u64 = 4;
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 #[derive(Debug, Clone)]
@@ -67,6 +75,8 @@ pub struct NodeConfig {
     /// Ended sandboxes' records (with their exec results and idempotency
     /// keys) are deleted this long after they ended.
     pub ended_retention: Duration,
+    /// The address pool, resolver hosts and presets of `allowlist` sandboxes.
+    pub network: NetworkOptions,
 }
 
 /// Default of [`NodeConfig::ended_retention`]: one hour.
@@ -146,6 +156,10 @@ struct Live {
     sessions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<SessionRecord>>>>,
     /// Security events, init's and the node's, in one order.
     timeline: Mutex<events::Timeline>,
+    /// Held while the sandbox switches phase (see `phase`).
+    phase_switch: tokio::sync::Mutex<()>,
+    /// The limit counters the reaper saw last.
+    limits: Mutex<limits::LimitWatch>,
     /// Keeps the sandbox's layered-image layers mounted while it lives.
     _layers: Vec<LayerLease>,
 }
@@ -168,6 +182,8 @@ impl Live {
             running_execs: AtomicUsize::new(0),
             sessions: Mutex::new(HashMap::new()),
             timeline: Mutex::new(events::Timeline::default()),
+            phase_switch: tokio::sync::Mutex::new(()),
+            limits: Mutex::new(limits::LimitWatch::default()),
         })
     }
 
@@ -194,6 +210,7 @@ struct Inner {
     live: Mutex<HashMap<String, Arc<Live>>>,
     creating: AtomicUsize,
     pools: pool::Pools,
+    net: network::NodeNet,
 }
 
 /// The node agent. Cheap to clone; all clones share one node.
@@ -215,8 +232,10 @@ impl Node {
             }
             None => None,
         };
+        let net = network::NodeNet::open(&cfg.instance, &cfg.data_dir, &cfg.network)?;
         let node = Node {
             inner: Arc::new(Inner {
+                net,
                 cfg,
                 store,
                 images,
@@ -227,6 +246,7 @@ impl Node {
                 pools,
             }),
         };
+        node.inner.net.set_node(&node.inner);
         node.recover().await?;
         let reaper = node.clone();
         tokio::spawn(async move { reaper.reap_forever().await });
@@ -279,10 +299,13 @@ impl Node {
             }
             other => other,
         })?;
-        let resources =
-            Resources { cpus: req.cpus, memory_mib: req.memory_mib, disk_mib: req.disk_mib, pids: req.pids };
+        let resources = Resources::of(&req);
         let pool_key = pool::PoolKey::new(&req.image, &resources, req.network);
         let id = new_id("sb");
+        let policy = Node::initial_policy(&req);
+        if req.network == warren_api::NetworkMode::Allowlist {
+            self.check_policy(&policy)?;
+        }
 
         if let Some(key) = &req.idempotency_key {
             let claim = records::IdempotencyClaim { sandbox_id: id.clone(), request_hash: records::request_hash(&req) };
@@ -358,9 +381,10 @@ impl Node {
                     resources,
                     network: req.network,
                     hostname: id.clone(),
+                    phase: phase::rules(&req.phases, req.phase.as_deref()),
                 };
                 match tokio::time::timeout(CREATE_DEADLINE, driver.create(&spec)).await {
-                    Ok(r) => r.map_err(NodeError::from),
+                    Ok(r) => r.map_err(|e| phase::backend_error(e, req.phase.as_deref().unwrap_or_default())),
                     Err(_) => {
                         // The create future was dropped midway; sweep whatever it left.
                         let _ = driver
@@ -374,6 +398,18 @@ impl Node {
                     }
                 }
             }
+        };
+        let made = match made {
+            Ok(handle) if req.network == warren_api::NetworkMode::Allowlist => {
+                match self.plug_network(&id, &driver, &handle, &policy).await {
+                    Ok(()) => Ok(handle),
+                    Err(e) => {
+                        let _ = driver.destroy(&handle).await;
+                        Err(e)
+                    }
+                }
+            }
+            other => other,
         };
         let handle = match made {
             Ok(h) => h,
@@ -487,6 +523,8 @@ impl Node {
         for e in &execs {
             e.request_kill();
         }
+        let mode = live.record().info.network;
+        self.unplug_network(id, mode).await;
         let destroyed = live.driver.destroy(&live.handle).await;
         joined(ending.await)?;
         let mut rec = live.record().clone();
@@ -826,21 +864,29 @@ impl Node {
         self.layered().map(|l| l.stats()).unwrap_or_default()
     }
 
-    /// Imports `dir` as a layered image: one EROFS layer in the blob store.
-    pub async fn import_image_layered(&self, name: String, dir: PathBuf) -> Result<ImageInfo> {
-        let layered = self.layered().ok_or_else(|| {
-            NodeError::Invalid(ApiError::invalid("format", "layered images are not enabled on this server"))
-        })?;
-        layered.import_dir(&name, &dir, warren_image::layer::LayerRole::Base).await
+    /// Imports `dir` as a layered image: one EROFS layer (of `role`,
+    /// default base) in the blob store.
+    pub async fn import_image_layered(
+        &self,
+        name: String,
+        dir: PathBuf,
+        role: Option<warren_api::ImageLayerRole>,
+    ) -> Result<ImageInfo> {
+        let layered = self.layered_or_invalid("format")?;
+        layered.import_dir(&name, &dir, images::layer_role(role)).await
     }
 
     /// Imports an OCI image layout directory or a `docker save` tarball as a
-    /// layered image.
-    pub async fn import_image_oci(&self, name: String, source: PathBuf, docker_save: bool) -> Result<ImageInfo> {
-        let layered = self.layered().ok_or_else(|| {
-            NodeError::Invalid(ApiError::invalid("format", "layered images are not enabled on this server"))
-        })?;
-        layered.import_oci(&name, &source, docker_save).await
+    /// layered image, every layer of `role` (default base).
+    pub async fn import_image_oci(
+        &self,
+        name: String,
+        source: PathBuf,
+        docker_save: bool,
+        role: Option<warren_api::ImageLayerRole>,
+    ) -> Result<ImageInfo> {
+        let layered = self.layered_or_invalid("format")?;
+        layered.import_oci(&name, &source, docker_save, images::layer_role(role)).await
     }
 
     /// Replacing an image removes its old layer directories, which running
@@ -891,6 +937,9 @@ impl Node {
             }
             let lives: Vec<Arc<Live>> = self.live_map().values().cloned().collect();
             for live in lives {
+                if tick.is_multiple_of(LIMITS_EVERY_TICKS) {
+                    watch_limits(&live);
+                }
                 let (created, last, idle, lifetime) = {
                     let r = live.record();
                     (r.info.created_at_ms, r.info.last_activity_at_ms, r.info.idle_timeout_secs, r.info.lifetime_secs)
@@ -1017,6 +1066,7 @@ impl Node {
             }
         }
         let report = self.inner.container.sweep(&keep).await?;
+        self.recover_network(&keep).await;
         if !report.sandboxes_removed.is_empty() {
             tracing::info!(removed = ?report.sandboxes_removed, "swept orphaned sandboxes");
         }
@@ -1042,6 +1092,7 @@ impl Node {
                     tracing::warn!("cannot shut the layer cache down: {e}");
                 }
             }
+            self.shutdown_network().await;
             if let Err(e) = self.inner.container.release().await {
                 tracing::warn!("cannot release the container driver's node-wide resources: {e}");
             }
@@ -1050,6 +1101,18 @@ impl Node {
 }
 
 /// The environment every exec starts from, before the sandbox's own.
+/// Records a `limit_hit` event for each limit the sandbox ran into since
+/// the last look. A sandbox that is going away has no counters: skipped.
+fn watch_limits(live: &Live) {
+    let Ok(counters) = live.driver.limit_counters(&live.handle) else { return };
+    let resources = live.record().info.resources.clone();
+    let hits = live.limits.lock().unwrap_or_else(|p| p.into_inner()).update(counters, &resources);
+    for hit in hits {
+        tracing::info!(sandbox = %live.id, detail = %hit.detail, "limit hit");
+        live.timeline().push(hit, now_ms());
+    }
+}
+
 fn base_env(sandbox_env: &BTreeMap<String, String>) -> BTreeMap<String, String> {
     let mut env = BTreeMap::from([
         ("PATH".to_string(), DEFAULT_PATH.to_string()),

@@ -15,8 +15,9 @@ use warren_image::cache::LayerLease;
 
 use crate::{new_id, Node};
 
-/// `image=busybox,cpus=1,memory_mib=256,disk_mib=256,pids=512,network=none,size=4`;
-/// omitted keys take the create request's defaults.
+/// `image=busybox,cpus=1,memory_mib=256,disk_mib=256,pids=512,network=none,size=4`
+/// (also `inodes` and `open_files`); omitted keys take the create request's
+/// defaults, the inode cap the one derived from the pool's disk size.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolSpec {
     pub image: String,
@@ -30,12 +31,8 @@ impl FromStr for PoolSpec {
 
     fn from_str(s: &str) -> Result<Self, String> {
         let d = warren_api::CreateSandboxRequest::default();
-        let mut spec = PoolSpec {
-            image: d.image,
-            resources: Resources { cpus: d.cpus, memory_mib: d.memory_mib, disk_mib: d.disk_mib, pids: d.pids },
-            network: d.network,
-            size: 1,
-        };
+        let mut spec = PoolSpec { resources: Resources::of(&d), image: d.image, network: d.network, size: 1 };
+        let mut inodes = None;
         for part in s.split(',').filter(|p| !p.is_empty()) {
             let (k, v) = part.split_once('=').ok_or_else(|| format!("`{part}` is not key=value"))?;
             let bad = |_| format!("bad value for {k}: `{v}`");
@@ -45,6 +42,8 @@ impl FromStr for PoolSpec {
                 "memory_mib" => spec.resources.memory_mib = v.parse().map_err(bad)?,
                 "disk_mib" => spec.resources.disk_mib = v.parse().map_err(bad)?,
                 "pids" => spec.resources.pids = v.parse().map_err(bad)?,
+                "inodes" => inodes = Some(v.parse().map_err(bad)?),
+                "open_files" => spec.resources.open_files = v.parse().map_err(bad)?,
                 "size" => spec.size = v.parse().map_err(bad)?,
                 "network" => {
                     spec.network = match v {
@@ -56,6 +55,8 @@ impl FromStr for PoolSpec {
                 _ => return Err(format!("unknown pool key `{k}`")),
             }
         }
+        // The derived default follows the pool's disk size, as a create's does.
+        spec.resources.inodes = inodes.unwrap_or_else(|| warren_api::default_inodes(spec.resources.disk_mib));
         Ok(spec)
     }
 }
@@ -67,6 +68,8 @@ pub struct PoolKey {
     memory_mib: u64,
     disk_mib: u64,
     pids: u32,
+    inodes: u64,
+    open_files: u32,
     network: NetworkMode,
 }
 
@@ -78,6 +81,8 @@ impl PoolKey {
             memory_mib: r.memory_mib,
             disk_mib: r.disk_mib,
             pids: r.pids,
+            inodes: r.inodes,
+            open_files: r.open_files,
             network,
         }
     }
@@ -167,6 +172,7 @@ impl Node {
             resources: spec.resources.clone(),
             network: spec.network,
             hostname: id,
+            phase: Default::default(),
         };
         let handle = Arc::clone(&self.inner.container).create(&sandbox).await?;
         Ok((handle, image.leases))
@@ -182,13 +188,18 @@ mod tests {
         let s: PoolSpec = "image=busybox,cpus=0.5,memory_mib=128,size=3,network=loopback".parse().unwrap();
         assert_eq!((s.image.as_str(), s.resources.cpus, s.resources.memory_mib, s.size), ("busybox", 0.5, 128, 3));
         assert_eq!(s.network, NetworkMode::Loopback);
+        assert_eq!(s.resources.inodes, warren_api::default_inodes(s.resources.disk_mib));
+        let capped: PoolSpec = "disk_mib=8,inodes=900,open_files=64".parse().unwrap();
+        assert_eq!((capped.resources.inodes, capped.resources.open_files), (900, 64));
+        let derived: PoolSpec = "disk_mib=8".parse().unwrap();
+        assert_eq!(derived.resources.inodes, warren_api::default_inodes(8));
         assert!("colour=blue".parse::<PoolSpec>().unwrap_err().contains("colour"));
         assert!("size=lots".parse::<PoolSpec>().unwrap_err().contains("size"));
     }
 
     #[test]
     fn pool_keys_match_equal_shapes_only() {
-        let r = Resources { cpus: 1.0, memory_mib: 256, disk_mib: 256, pids: 512 };
+        let r = Resources { cpus: 1.0, memory_mib: 256, disk_mib: 256, pids: 512, inodes: 65536, open_files: 4096 };
         let a = PoolKey::new("busybox", &r, NetworkMode::None);
         assert_eq!(a, PoolKey::new("busybox", &r.clone(), NetworkMode::None));
         assert_ne!(a, PoolKey::new("busybox", &r, NetworkMode::Loopback));

@@ -70,6 +70,14 @@ impl Client {
         self.json(self.req(Method::POST, &format!("/v1/sandboxes/{id}/pack")).json(req)).await
     }
 
+    pub async fn set_network(&self, id: &str, policy: &warren_api::NetworkPolicy) -> Result<SandboxInfo> {
+        self.json(self.req(Method::PUT, &format!("/v1/sandboxes/{id}/network")).json(policy)).await
+    }
+
+    pub async fn set_phase(&self, id: &str, req: &SetPhaseRequest) -> Result<SandboxInfo> {
+        self.json(self.req(Method::PUT, &format!("/v1/sandboxes/{id}/phase")).json(req)).await
+    }
+
     /// Runs an exec, handing each output chunk to `on_output` as it arrives.
     pub async fn exec_streaming(
         &self,
@@ -131,14 +139,47 @@ impl Client {
         self.json(self.req(Method::GET, "/v1/images")).await
     }
 
-    pub async fn import_dir(&self, name: &str, dir: &str, format: &str) -> Result<ImageInfo> {
+    pub async fn import_dir(
+        &self,
+        name: &str,
+        dir: &str,
+        format: &str,
+        role: Option<ImageLayerRole>,
+    ) -> Result<ImageInfo> {
         #[derive(Serialize)]
         struct Req<'a> {
             name: &'a str,
             dir: &'a str,
             format: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            role: Option<ImageLayerRole>,
         }
-        self.json(self.req(Method::POST, "/v1/images").json(&Req { name, dir, format })).await
+        self.json(self.req(Method::POST, "/v1/images").json(&Req { name, dir, format, role })).await
+    }
+
+    pub async fn pull_image(&self, req: &PullImageRequest) -> Result<ImageInfo> {
+        self.json(self.req(Method::POST, "/v1/images/pull").json(req)).await
+    }
+
+    pub async fn push_image(&self, name: &str, req: &PushImageRequest) -> Result<PushImageResult> {
+        self.json(self.req(Method::POST, &format!("/v1/images/{name}/push")).json(req)).await
+    }
+
+    pub async fn inspect_image(&self, name: &str) -> Result<ImageDetail> {
+        self.json(self.req(Method::GET, &format!("/v1/images/{name}"))).await
+    }
+
+    pub async fn remove_image(&self, name: &str) -> Result<()> {
+        let resp = self.req(Method::DELETE, &format!("/v1/images/{name}")).send().await?;
+        Self::check(resp).await.map(|_| ())
+    }
+
+    pub async fn compose_image(&self, req: &ComposeImageRequest) -> Result<ImageInfo> {
+        self.json(self.req(Method::POST, "/v1/images/compose").json(req)).await
+    }
+
+    pub async fn gc_images(&self) -> Result<ImageGcReport> {
+        self.json(self.req(Method::POST, "/v1/images/gc")).await
     }
 
     pub async fn import_tar(&self, name: &str, body: reqwest::Body) -> Result<ImageInfo> {

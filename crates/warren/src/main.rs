@@ -2,6 +2,7 @@
 //! the logic lives in them.
 
 mod client;
+mod image_cmd;
 mod serve;
 
 use std::collections::BTreeMap;
@@ -12,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use client::Client;
 use futures_util::StreamExt;
+use image_cmd::ImageCmd;
 use warren_api::*;
 
 #[derive(Parser)]
@@ -45,10 +47,13 @@ enum Cmd {
         #[arg(required = true, last = true)]
         command: Vec<String>,
     },
+    /// Create, inspect, drive and delete sandboxes.
     #[command(subcommand)]
     Sandbox(SandboxCmd),
+    /// Read, write and list files inside a sandbox.
     #[command(subcommand)]
     Files(FilesCmd),
+    /// Import, pull, push, compose and inspect images.
     #[command(subcommand)]
     Image(ImageCmd),
 }
@@ -57,17 +62,30 @@ enum Cmd {
 struct SpecArgs {
     #[arg(long, default_value = DEFAULT_IMAGE)]
     image: String,
+    /// CPU share, in cores (fractions allowed).
     #[arg(long)]
     cpus: Option<f64>,
+    /// Memory limit; past it the OOM killer ends the command, not the sandbox.
     #[arg(long)]
     memory_mib: Option<u64>,
+    /// Size of the writable layer.
     #[arg(long)]
     disk_mib: Option<u64>,
+    /// Most processes and threads at once (a fork bomb stops here).
     #[arg(long)]
     pids: Option<u32>,
-    /// `none` or `loopback`.
+    /// Most files and directories in the writable layer (default 256 per MiB of disk).
+    #[arg(long)]
+    inodes: Option<u64>,
+    /// Most open descriptors per process (RLIMIT_NOFILE).
+    #[arg(long)]
+    open_files: Option<u32>,
+    /// `none`, `loopback` or `allowlist` (egress limited to the --allow
+    /// rules and presets).
     #[arg(long)]
     network: Option<String>,
+    #[command(flatten)]
+    egress: EgressArgs,
     #[arg(long)]
     idle_timeout: Option<u64>,
     #[arg(long)]
@@ -80,6 +98,82 @@ struct SpecArgs {
     labels: Vec<(String, String)>,
     #[arg(long)]
     idempotency_key: Option<String>,
+    /// Named phases as JSON, e.g. `{"rollout": {"protected_paths": {"/answers": "none"}}}`.
+    #[arg(long)]
+    phases: Option<String>,
+    /// The phase the sandbox starts in (required with --phases).
+    #[arg(long)]
+    phase: Option<String>,
+}
+
+/// An egress policy from the command line.
+#[derive(Args, Clone, Default)]
+struct EgressArgs {
+    /// Allow TCP to HOST[:PORT]: a domain (`pypi.org`, `*.example.org`), an
+    /// address or a prefix (`10.0.0.0/8:443`, `[fd00::1]:53`). Repeatable.
+    #[arg(long = "allow")]
+    allow: Vec<String>,
+    /// Like --allow, for UDP.
+    #[arg(long = "allow-udp")]
+    allow_udp: Vec<String>,
+    /// A server preset such as `pypi`, `npm`, `debian`. Repeatable.
+    #[arg(long = "preset")]
+    presets: Vec<String>,
+    /// A whole policy as JSON (`{"presets": [...], "rules": [...]}`); the
+    /// other flags add to it.
+    #[arg(long = "policy")]
+    policy_file: Option<PathBuf>,
+}
+
+impl EgressArgs {
+    fn is_empty(&self) -> bool {
+        self.allow.is_empty() && self.allow_udp.is_empty() && self.presets.is_empty() && self.policy_file.is_none()
+    }
+
+    fn policy(&self) -> Result<Option<NetworkPolicy>> {
+        if self.is_empty() {
+            return Ok(None);
+        }
+        let mut policy = match &self.policy_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+                serde_json::from_str(&text).with_context(|| format!("{} is not a network policy", path.display()))?
+            }
+            None => NetworkPolicy::default(),
+        };
+        policy.presets.extend(self.presets.iter().cloned());
+        for (specs, protocol) in [(&self.allow, Protocol::Tcp), (&self.allow_udp, Protocol::Udp)] {
+            for spec in specs {
+                policy.rules.push(allow_rule(spec, protocol)?);
+            }
+        }
+        Ok(Some(policy))
+    }
+}
+
+/// `HOST[:PORT]`, HOST a domain, an address or a prefix; IPv6 in brackets.
+fn allow_rule(spec: &str, protocol: Protocol) -> Result<NetworkRule> {
+    let (host, port) = match spec.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((host, tail)) => (host, tail.strip_prefix(':')),
+            None => bail!("--allow {spec}: missing `]`"),
+        },
+        None => match spec.rsplit_once(':') {
+            Some((host, port)) if !host.contains(':') => (host, Some(port)),
+            _ => (spec, None),
+        },
+    };
+    let ports = match port {
+        Some(p) => vec![p.parse::<u16>().with_context(|| format!("--allow {spec}: bad port {p:?}"))?],
+        None => Vec::new(),
+    };
+    let is_address = host.parse::<std::net::IpAddr>().is_ok() || warren_api::parse_cidr(host).is_some();
+    Ok(NetworkRule {
+        domain: (!is_address).then(|| host.to_string()),
+        cidr: is_address.then(|| host.to_string()),
+        ports,
+        protocol,
+    })
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -95,35 +189,47 @@ impl SpecArgs {
             memory_mib: self.memory_mib.unwrap_or(d.memory_mib),
             disk_mib: self.disk_mib.unwrap_or(d.disk_mib),
             pids: self.pids.unwrap_or(d.pids),
+            inodes: self.inodes,
+            open_files: self.open_files,
             network: match self.network.as_deref() {
                 None | Some("none") => NetworkMode::None,
                 Some("loopback") => NetworkMode::Loopback,
-                Some(other) => bail!("--network must be none or loopback, not {other}"),
+                Some("allowlist") => NetworkMode::Allowlist,
+                Some(other) => bail!("--network must be none, loopback or allowlist, not {other}"),
             },
+            network_policy: self.egress.policy()?,
             idle_timeout_secs: self.idle_timeout.unwrap_or(d.idle_timeout_secs),
             lifetime_secs: self.lifetime.unwrap_or(d.lifetime_secs),
             env: self.env.iter().cloned().collect::<BTreeMap<_, _>>(),
             labels: self.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
             idempotency_key: self.idempotency_key.clone(),
+            phases: match &self.phases {
+                Some(json) => serde_json::from_str(json).context("--phases must be a JSON object of phases")?,
+                None => BTreeMap::new(),
+            },
+            phase: self.phase.clone(),
             ..d
         })
     }
 }
 
+// Parsed once per process; boxing the create arguments would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum SandboxCmd {
+    /// Create a sandbox and print its id.
     Create {
         #[command(flatten)]
         spec: SpecArgs,
     },
+    /// List sandboxes, running and recently ended.
     Ls {
         /// Only sandboxes with this label (K=V).
         #[arg(long)]
         label: Option<String>,
     },
-    Get {
-        id: String,
-    },
+    /// Show one sandbox: state, resources, usage, end reason.
+    Get { id: String },
     /// Run a command (argv) in a sandbox, streaming its output.
     Exec {
         id: String,
@@ -137,12 +243,9 @@ enum SandboxCmd {
         command: Vec<String>,
     },
     /// A line-by-line shell session: cwd and exports persist between lines.
-    Shell {
-        id: String,
-    },
-    Rm {
-        ids: Vec<String>,
-    },
+    Shell { id: String },
+    /// Delete sandboxes (they end with reason `deleted`).
+    Rm { ids: Vec<String> },
     /// Snapshot the sandbox's writable layer into a new image (`pack_diff`).
     Pack {
         id: String,
@@ -150,6 +253,21 @@ enum SandboxCmd {
         /// Absolute path to remove from the snapshot (repeatable).
         #[arg(long)]
         scrub: Vec<String>,
+    },
+    /// Replace the egress policy of an `allowlist` sandbox, live.
+    Network {
+        id: String,
+        #[command(flatten)]
+        egress: EgressArgs,
+    },
+    /// Switch the sandbox to phase NAME; processes of earlier phases are
+    /// killed unless --keep-running.
+    Phase {
+        id: String,
+        name: String,
+        /// Let running processes live on, with the rights of their phase.
+        #[arg(long)]
+        keep_running: bool,
     },
 }
 
@@ -164,35 +282,9 @@ enum FilesCmd {
         mode: Option<String>,
     },
     /// Download PATH from the sandbox to a local file (or `-` for stdout).
-    Get {
-        id: String,
-        path: String,
-        local: String,
-    },
-    Ls {
-        id: String,
-        path: String,
-    },
-}
-
-#[derive(Subcommand)]
-enum ImageCmd {
-    Ls,
-    /// Lazy-loading statistics: per cached layer, and the blob store's counters.
-    Stats,
-    /// Import a root filesystem directory on the server's machine.
-    ImportDir {
-        name: String,
-        dir: PathBuf,
-        /// `dir` (layer directories) or `erofs` (lazily loaded EROFS layers).
-        #[arg(long, default_value = "dir")]
-        format: String,
-    },
-    /// Import a tar stream (a file, or `-` for stdin).
-    ImportTar {
-        name: String,
-        tar: String,
-    },
+    Get { id: String, path: String, local: String },
+    /// List the directory PATH in the sandbox.
+    Ls { id: String, path: String },
 }
 
 fn print<T: serde::Serialize>(json: bool, value: &T, text: impl FnOnce(&T) -> String) {
@@ -331,6 +423,19 @@ async fn real_main(cli: Cli) -> Result<i32> {
                         format!("packed into {} ({} layers)", i.name, i.layers.len())
                     })
                 }
+                SandboxCmd::Network { id, egress } => {
+                    let policy = egress.policy()?.unwrap_or_default();
+                    print(json, &client.set_network(id, &policy).await?, |s| {
+                        let p = s.network_policy.clone().unwrap_or_default();
+                        format!("{}: {} presets, {} rules", s.id, p.presets.len(), p.rules.len())
+                    })
+                }
+                SandboxCmd::Phase { id, name, keep_running } => {
+                    let req = SetPhaseRequest { name: name.clone(), kill_running: !keep_running };
+                    print(json, &client.set_phase(id, &req).await?, |s| {
+                        format!("{} is in phase {}", s.id, s.phase.as_deref().unwrap_or("-"))
+                    })
+                }
                 SandboxCmd::Rm { ids } => {
                     for id in ids {
                         print(json, &client.delete(id).await?, sandbox_line);
@@ -367,52 +472,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Cmd::Image(c) => {
-            match c {
-                ImageCmd::Ls => print(json, &client.images().await?, |l| {
-                    l.images
-                        .iter()
-                        .map(|i| format!("{}  {} layer(s)", i.name, i.layers.len()))
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                }),
-                ImageCmd::Stats => print(json, &client.image_stats().await?, |st| {
-                    let mut lines: Vec<String> = st
-                        .layers
-                        .iter()
-                        .map(|l| {
-                            format!(
-                                "{}  {} of {} bytes local, {} fetched, {} leases",
-                                &l.digest[..l.digest.len().min(19)],
-                                l.present_bytes,
-                                l.size_bytes,
-                                l.bytes_fetched,
-                                l.leases
-                            )
-                        })
-                        .collect();
-                    lines.push(format!(
-                        "store: {} chunks fetched ({} bytes), {} uploaded, {} deduplicated",
-                        st.store.chunks_fetched,
-                        st.store.bytes_fetched,
-                        st.store.chunks_uploaded,
-                        st.store.chunks_deduplicated
-                    ));
-                    lines.join("\n")
-                }),
-                ImageCmd::ImportDir { name, dir, format } => {
-                    let dir = std::fs::canonicalize(dir).with_context(|| format!("no directory {}", dir.display()))?;
-                    let info = client.import_dir(name, &dir.to_string_lossy(), format).await?;
-                    print(json, &info, |i| format!("imported {}", i.name))
-                }
-                ImageCmd::ImportTar { name, tar } => {
-                    print(json, &client.import_tar(name, body_from(tar).await?).await?, |i| {
-                        format!("imported {}", i.name)
-                    })
-                }
-            }
-            Ok(0)
-        }
+        Cmd::Image(c) => image_cmd::run(&client, json, c).await.map(|_| 0),
     }
 }
 

@@ -41,6 +41,18 @@ pub struct ServeArgs {
     /// are kept (and answered) before they are deleted.
     #[arg(long, default_value_t = warren_node::DEFAULT_ENDED_RETENTION_SECS)]
     pub ended_retention_secs: u64,
+    /// IPv4 pool for `allowlist` sandboxes, split into one /30 each
+    /// (default: a /20 of 10.128.0.0/9 picked by the instance name).
+    #[arg(long)]
+    pub sandbox_net: Option<String>,
+    /// Static names for the platform resolver, `/etc/hosts` format; names
+    /// not in it are resolved on the host.
+    #[arg(long)]
+    pub dns_hosts: Option<PathBuf>,
+    /// Network presets, JSON `{"name": [rule, ...]}`, replacing the built-in
+    /// `pypi`, `npm` and `debian` of the same name.
+    #[arg(long)]
+    pub network_presets: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -55,6 +67,9 @@ impl ServeArgs {
             destroy_on_exit: true,
             layer_cache_bytes: warren_node::DEFAULT_CACHE_BYTES,
             ended_retention_secs: warren_node::DEFAULT_ENDED_RETENTION_SECS,
+            sandbox_net: None,
+            dns_hosts: None,
+            network_presets: None,
         }
     }
 }
@@ -113,6 +128,11 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
                 args.layer_cache_bytes,
             )),
             ended_retention: std::time::Duration::from_secs(args.ended_retention_secs),
+            network: warren_node::NetworkOptions {
+                pool: args.sandbox_net.clone(),
+                dns_hosts: args.dns_hosts.clone(),
+                presets: args.network_presets.clone(),
+            },
         },
         store,
         driver,

@@ -11,7 +11,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 use warren_guard::cgroup::SandboxCgroup;
-use warren_init::proto::{self, ExecSpec, FrameKind, Request, Response};
+use warren_init::proto::{self, ExecSpec, FrameKind, PhaseRules, Request, Response};
 
 use crate::{BackendError, EventBatch, ExecControl, ExecEvent, ExecProcess, ExitInfo, Result};
 
@@ -74,7 +74,9 @@ pub(crate) async fn ping(sock: &Path, timeout: Duration) -> bool {
         send_request(&mut stream, &Request::Ping).await.ok()?;
         let (kind, payload) = read_frame(&mut stream).await.ok()??;
         let answer = (kind == FrameKind::Response).then(|| parse_response(&payload).ok()).flatten()?;
-        Some(matches!(answer, Response::Pong { .. }))
+        // An error answer (init too busy to serve the request) still proves
+        // init alive and listening.
+        Some(matches!(answer, Response::Pong { .. } | Response::Error { .. }))
     };
     tokio::time::timeout(timeout, exchange).await.ok().flatten().unwrap_or(false)
 }
@@ -100,6 +102,34 @@ pub(crate) async fn events(sock: &Path, after_seq: u64) -> Result<EventBatch> {
         .map_err(|_| BackendError::Protocol(format!("no answer to events within {START_TIMEOUT:?}")))?
 }
 
+/// How long a phase switch may take: init builds the new ruleset (listing
+/// the protected paths' ancestors) and may have many processes to kill.
+const SET_PHASE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Makes `phase` current in the sandbox; returns how many processes init
+/// killed on the way.
+pub(crate) async fn set_phase(sock: &Path, phase: PhaseRules, kill_running: bool) -> Result<u32> {
+    let exchange = async {
+        let mut stream = connect(sock).await?;
+        send_request(&mut stream, &Request::SetPhase { phase, kill_running })
+            .await
+            .map_err(|e| BackendError::io("send set_phase request", e))?;
+        match read_frame(&mut stream).await.map_err(|e| BackendError::io("read set_phase answer", e))? {
+            Some((FrameKind::Response, payload)) => match parse_response(&payload)? {
+                Response::PhaseSet { killed } => Ok(killed),
+                Response::PhaseRejected { message } => Err(BackendError::PhaseRejected(message)),
+                Response::Error { message, .. } => Err(BackendError::io("phase switch", io::Error::other(message))),
+                other => Err(BackendError::Protocol(format!("expected PhaseSet, got {other:?}"))),
+            },
+            Some((kind, _)) => Err(BackendError::Protocol(format!("expected a response frame, got {kind:?}"))),
+            None => Err(BackendError::Gone),
+        }
+    };
+    tokio::time::timeout(SET_PHASE_TIMEOUT, exchange)
+        .await
+        .map_err(|_| BackendError::Protocol(format!("no answer to set_phase within {SET_PHASE_TIMEOUT:?}")))?
+}
+
 /// Starts `spec` in the sandbox and returns once init said `Started`.
 pub(crate) async fn start_exec(sock: &Path, spec: ExecSpec, cgroup: SandboxCgroup) -> Result<ExecProcess> {
     let oom_kills_before = cgroup.oom_kills().unwrap_or(0);
@@ -113,8 +143,9 @@ pub(crate) async fn start_exec(sock: &Path, spec: ExecSpec, cgroup: SandboxCgrou
         None => return Err(BackendError::Gone),
         Some((FrameKind::Response, payload)) => match parse_response(&payload)? {
             Response::Started { pid } => pid,
-            Response::Error { message, not_found: true } => return Err(BackendError::ProgramNotFound(message)),
-            Response::Error { message, not_found: false } => return Err(BackendError::ExecRejected(message)),
+            Response::Error { message, busy: true, .. } => return Err(BackendError::Busy(message)),
+            Response::Error { message, not_found: true, .. } => return Err(BackendError::ProgramNotFound(message)),
+            Response::Error { message, not_found: false, .. } => return Err(BackendError::ExecRejected(message)),
             other => return Err(BackendError::Protocol(format!("expected Started, got {other:?}"))),
         },
         Some((kind, _)) => return Err(BackendError::Protocol(format!("expected a response frame, got {kind:?}"))),
@@ -347,7 +378,7 @@ mod tests {
     async fn errors_before_start_map_to_backend_errors() {
         let (_dir, sock, _server) = fake_init(|mut s| async move {
             read_frame(&mut s).await.unwrap().unwrap();
-            respond(&mut s, &Response::Error { message: "nope: not found".into(), not_found: true }).await;
+            respond(&mut s, &Response::Error { message: "nope: not found".into(), not_found: true, busy: false }).await;
         })
         .await;
         let err = start_exec(&sock, spec(), no_cgroup()).await.err().unwrap();

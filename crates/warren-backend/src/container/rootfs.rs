@@ -45,14 +45,25 @@ pub(crate) struct RootfsSpec<'a> {
     pub(crate) userns_pid: i32,
 }
 
-/// The sandbox's tmpfs at `layout.dir()`, `disk_mib` large. Nothing on it
-/// is reachable from the sandbox but the overlay's upper layer, so the
-/// sandbox can fill it, not outgrow it. Control files and mount points cost
-/// nothing to make and remove there, and detaching it takes every mount of
-/// the sandbox along (see [`detach`]).
-pub(crate) fn mount_sandbox_dir(layout: &Layout, disk_mib: u64) -> Result<()> {
+/// The sandbox's tmpfs at `layout.dir()`, `disk_mib` large with at most
+/// `inodes` inodes (0: the tmpfs default). Nothing on it is reachable from
+/// the sandbox but the overlay's upper layer, so the sandbox can fill it,
+/// not outgrow it. Control files and mount points cost nothing to make and
+/// remove there, and detaching it takes every mount of the sandbox along
+/// (see [`detach`]).
+/// Inodes of the run directory itself on the sandbox's tmpfs (control
+/// socket, state file, mount points, overlay work dir), added to the cap.
+const RUN_DIR_INODES: u64 = 32;
+
+pub(crate) fn mount_sandbox_dir(layout: &Layout, disk_mib: u64, inodes: u64) -> Result<()> {
     let dir = layout.dir();
-    let options = std::ffi::CString::new(format!("size={disk_mib}m,mode=0711"))
+    // The few control files and mount points of the run directory share the
+    // cap; they exist before the sandbox runs, so it cannot starve them.
+    let nr_inodes = match inodes {
+        0 => String::new(),
+        n => format!(",nr_inodes={}", n.saturating_add(RUN_DIR_INODES)),
+    };
+    let options = std::ffi::CString::new(format!("size={disk_mib}m,mode=0711{nr_inodes}"))
         .map_err(|e| io_err("tmpfs options for", dir, io::Error::other(e)))?;
     mount("tmpfs", dir, "tmpfs", MountFlags::NOSUID | MountFlags::NODEV, Some(options.as_c_str()))
         .map_err(|e| io_err("mount tmpfs on", dir, e))
@@ -300,12 +311,15 @@ mod tests {
         let userns = Userns::new(base);
         let spec =
             RootfsSpec { layers: &[bottom.clone(), top.clone()], uid_base: base, userns_pid: userns.0.id() as i32 };
-        mount_sandbox_dir(&layout, 4).unwrap();
+        mount_sandbox_dir(&layout, 4, 64).unwrap();
         prepare(&layout, &spec).unwrap();
         build(&layout, &spec).unwrap();
 
         let root = layout.rootfs();
         assert_eq!(fs::read_to_string(root.join("shadowed")).unwrap(), "top");
+        // The inode cap: the sandbox's 64 plus the run directory's own.
+        let inodes = rustix::fs::statvfs(layout.dir()).unwrap().f_files;
+        assert_eq!(inodes, 64 + RUN_DIR_INODES);
         assert_eq!(fs::metadata(root.join("etc")).unwrap().uid(), base);
         assert_eq!(fs::metadata(root.join("etc/name")).unwrap().uid(), base + 1000);
         assert_eq!(fs::metadata(&root).unwrap().uid(), base);
@@ -337,7 +351,7 @@ mod tests {
         let base = 1 << 30;
         let userns = Userns::new(base);
         let spec = RootfsSpec { layers: &[layer], uid_base: base, userns_pid: userns.0.id() as i32 };
-        mount_sandbox_dir(&layout, 4).unwrap();
+        mount_sandbox_dir(&layout, 4, 0).unwrap();
         prepare(&layout, &spec).unwrap();
         build(&layout, &spec).unwrap();
         fs::write(layout.slot_file(), "0").unwrap();

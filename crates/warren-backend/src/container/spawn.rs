@@ -55,6 +55,7 @@ enum ChildStep {
     JoinCgroup = 1,
     PlaceFds = 2,
     Exec = 3,
+    LimitOpenFiles = 4,
 }
 
 impl ChildStep {
@@ -63,6 +64,7 @@ impl ChildStep {
             1 => "join the sandbox's v1 cgroups",
             2 => "move the inherited descriptors into place",
             3 => "exec",
+            4 => "set RLIMIT_NOFILE",
             _ => "an unknown step",
         }
     }
@@ -149,6 +151,7 @@ pub(crate) fn spawn_init(
     init_binary: &Path,
     listener: OwnedFd,
     cgroups: &SpawnTarget,
+    open_files: u32,
 ) -> Result<(FirstInit, SetupChannel)> {
     let (host_end, init_end) = StdUnixStream::pair().map_err(|e| BackendError::io("socketpair", e))?;
     let program = CString::new(init_binary.as_os_str().as_bytes())
@@ -161,6 +164,7 @@ pub(crate) fn spawn_init(
         listen: listener.as_raw_fd(),
         v1_tasks: cgroups.v1_tasks.iter().map(AsRawFd::as_raw_fd).collect(),
         unified_dir: cgroups.unified_dir.as_raw_fd(),
+        open_files: open_files_limit(open_files)?,
     };
     let first =
         clone_init(&program, &fds).map_err(|e| BackendError::io(format!("spawn {}", init_binary.display()), e))?;
@@ -179,6 +183,25 @@ struct ChildFds {
     listen: RawFd,
     v1_tasks: Vec<RawFd>,
     unified_dir: RawFd,
+    /// `RLIMIT_NOFILE` for init and everything it starts; `None` keeps the
+    /// server's own.
+    open_files: Option<libc::rlimit>,
+}
+
+/// The limit for `open_files` (0: the server's own), no higher than the
+/// server's hard limit: lowering needs no privilege, raising would need
+/// CAP_SYS_RESOURCE, which a server in a container may lack.
+fn open_files_limit(open_files: u32) -> Result<Option<libc::rlimit>> {
+    if open_files == 0 {
+        return Ok(None);
+    }
+    let mut current = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one `struct rlimit` to a valid pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut current) } != 0 {
+        return Err(BackendError::io("getrlimit(RLIMIT_NOFILE)", io::Error::last_os_error()));
+    }
+    let n = libc::rlim_t::from(open_files).min(current.rlim_max);
+    Ok(Some(libc::rlimit { rlim_cur: n, rlim_max: n }))
 }
 
 /// `clone3` into the cgroup2 directory, with a pidfd; the child runs
@@ -277,6 +300,13 @@ unsafe fn child_main(
     if place_fds(fds).is_err() {
         fail(ChildStep::PlaceFds);
     }
+    if let Some(limit) = &fds.open_files {
+        // SAFETY: setrlimit(2) reads one prepared `struct rlimit`; it is a
+        // plain system call, async-signal-safe.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, limit) } != 0 {
+            fail(ChildStep::LimitOpenFiles);
+        }
+    }
     let empty: u64 = 0;
     // SAFETY: rt_sigprocmask with a valid 8-byte set and no old-set pointer;
     // the mask survives exec and init must start with nothing blocked.
@@ -351,6 +381,7 @@ impl SetupChannel {
     pub(crate) async fn next(&mut self) -> Result<InitSays> {
         match self.receive().await? {
             InitSays::Failed { message } => Err(BackendError::Setup(message)),
+            InitSays::PhaseRejected { message } => Err(BackendError::PhaseRejected(message)),
             said => Ok(said),
         }
     }
@@ -410,8 +441,11 @@ mod tests {
 
         let listener = bind_control(&layout).unwrap();
         let target = cgroup.spawn_target().unwrap();
-        let (mut first, mut setup) = spawn_init(&init_binary(), listener, &target).unwrap();
+        let (mut first, mut setup) = spawn_init(&init_binary(), listener, &target, 77).unwrap();
         assert!(matches!(setup.next().await.unwrap(), InitSays::UsernsReady));
+        let limits = fs::read_to_string(format!("/proc/{}/limits", first.pid())).unwrap();
+        let nofile = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+        assert_eq!(nofile.split_whitespace().collect::<Vec<_>>()[3..5], ["77", "77"], "{nofile}");
         for hierarchy in V1_CONTROLLERS.into_iter().chain([UNIFIED]) {
             assert_eq!(cgroup.pids(hierarchy).unwrap(), vec![first.pid()], "{hierarchy}");
         }
@@ -422,7 +456,7 @@ mod tests {
         let other = Layout::new(dir.path(), "other");
         fs::create_dir(other.dir()).unwrap();
         let listener = bind_control(&other).unwrap();
-        let missing = spawn_init(Path::new("/nonexistent/warren-init"), listener, &target).err().unwrap();
+        let missing = spawn_init(Path::new("/nonexistent/warren-init"), listener, &target, 0).err().unwrap();
         assert!(missing.to_string().contains("exec: No such file"), "{missing}");
     }
 }

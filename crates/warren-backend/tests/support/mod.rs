@@ -84,9 +84,17 @@ impl Bench {
         SandboxSpec {
             id: id.to_string(),
             layers: vec![self.layer.clone()],
-            resources: Resources { cpus: 1.0, memory_mib: 128, disk_mib: 64, pids: 64 },
+            resources: Resources {
+                cpus: 1.0,
+                memory_mib: 128,
+                disk_mib: 64,
+                pids: 64,
+                inodes: 16384,
+                open_files: 1024,
+            },
             network: NetworkMode::None,
             hostname: "sandbox".to_string(),
+            phase: Default::default(),
         }
     }
 

@@ -99,8 +99,13 @@ pub fn start_sandbox() -> Sandbox {
 /// Like [`start_sandbox`], with `add` putting extra files into the rootfs
 /// (before it is chowned to the sandbox's base uid).
 pub fn start_sandbox_adding(add: impl FnOnce(&Path)) -> Sandbox {
-    start_with(add, |root| BuildSpec { rootfs: root.display().to_string(), hostname: "sbx".into(), loopback: true })
-        .unwrap_or_else(|failure| panic!("setup failed: {failure}"))
+    start_with(add, |root| BuildSpec {
+        rootfs: root.display().to_string(),
+        hostname: "sbx".into(),
+        loopback: true,
+        phase: Default::default(),
+    })
+    .unwrap_or_else(|failure| panic!("setup failed: {failure}"))
 }
 
 /// Runs the setup sequence; `Err` carries init's `Failed` message.
@@ -205,7 +210,7 @@ impl Sandbox {
         self.request(&mut conn, spec);
         let pid = match read_response(&mut conn) {
             Response::Started { pid } => pid,
-            Response::Error { message, not_found } => return Err((message, not_found)),
+            Response::Error { message, not_found, .. } => return Err((message, not_found)),
             other => panic!("expected Started, got {other:?}"),
         };
         // The process may be done (and the connection closed) before it
@@ -232,18 +237,22 @@ impl Sandbox {
     }
 
     /// Pids (as seen inside) of every process of the sandbox, zombies
-    /// included: the entries of its own /proc, reached through PID 1's root.
+    /// included, but not init's phase leader: the entries of its own /proc,
+    /// reached through PID 1's root.
     pub fn sandbox_pids(&self) -> Vec<i32> {
-        let mut pids: Vec<i32> = std::fs::read_dir(format!("/proc/{}/root/proc", self.pid1))
+        let proc = format!("/proc/{}/root/proc", self.pid1);
+        let mut pids: Vec<i32> = std::fs::read_dir(&proc)
             .unwrap()
             .filter_map(|e| e.unwrap().file_name().to_str().and_then(|s| s.parse().ok()))
+            .filter(|pid| !is_leader(&format!("{proc}/{pid}")))
             .collect();
         pids.sort_unstable();
         pids
     }
 
     /// Host pids of every live (non-zombie) process in the sandbox's pid
-    /// namespace, PID 1 included.
+    /// namespace, PID 1 included, but not init's phase leader (init's own
+    /// helper, always there).
     pub fn live_processes(&self) -> Vec<i32> {
         let ns = std::fs::read_link(format!("/proc/{}/ns/pid", self.pid1)).unwrap();
         let mut pids = Vec::new();
@@ -254,12 +263,17 @@ impl Sandbox {
             let same_ns = std::fs::read_link(format!("/proc/{pid}/ns/pid")).is_ok_and(|l| l == ns);
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
             let zombie = stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z'));
-            if same_ns && !zombie {
+            if same_ns && !zombie && !is_leader(&format!("/proc/{pid}")) {
                 pids.push(pid);
             }
         }
         pids
     }
+}
+
+/// Whether the process at `/proc/<pid>` (`dir`) is a phase leader.
+fn is_leader(dir: &str) -> bool {
+    std::fs::read(format!("{dir}/cmdline")).is_ok_and(|c| c == b"warren-init\0phase-leader\0")
 }
 
 pub fn spec(argv: &[&str]) -> ExecSpec {

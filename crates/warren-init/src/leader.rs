@@ -1,0 +1,541 @@
+//! Phase leaders: the one process per phase that holds the phase's
+//! Landlock domain and starts every exec of that phase.
+//!
+//! Landlock's signal and abstract-socket scopes separate *domains*: a
+//! process may only signal (or connect to an abstract socket of) processes
+//! in its own domain or in domains nested below it. Every `landlock_restrict_self`
+//! makes a new domain, so if each exec restricted itself, a background job
+//! started by one exec could not be killed by the next. Instead, PID 1
+//! starts a leader per phase (this very binary, exec'd through init's own
+//! descriptor, never a binary of the image), which restricts itself once
+//! and then creates each exec's process with `clone(CLONE_PARENT)`: the
+//! process is PID 1's child exactly as if PID 1 had forked it (PID 1's
+//! reaper, tree kills and session ids work unchanged), but it is born in
+//! the phase's domain. PID 1 itself stays outside every domain, so it can
+//! start a later phase with looser rules, and the sandbox's processes
+//! cannot signal it.
+//!
+//! Wire, on a stream socketpair (PID 1's end, the leader's fd 3): each
+//! message is a big-endian `u32` length and a JSON body. PID 1 first sends
+//! the [`PhaseRules`]; the leader answers `Ready` (or `Failed`). Then per
+//! exec PID 1 sends a [`SpawnOrder`] whose length prefix carries the
+//! child's descriptors (`SCM_RIGHTS`: stdin, stdout, stderr, and for a
+//! session the state pipe and init's binary), and the leader answers
+//! `Spawned` or `SpawnFailed` (an exec failure travels back from the child
+//! through a close-on-exec pipe, as in std).
+//!
+//! The leader is in the phase's domain, so the phase's own processes can
+//! signal it (kill or stop it). That only hurts their own sandbox, and PID
+//! 1 notices (broken channel, or no answer within [`ANSWER_TIMEOUT`]),
+//! kills it and starts a fresh leader for the same phase (a new domain:
+//! processes started before that can no longer signal those started after).
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+};
+use serde::{Deserialize, Serialize};
+use warren_guard::landlock::{self as ruleset, Level, Plan};
+use warren_init::proto::{PathAccess, PhaseRules};
+
+use crate::reaper::{ExitWaiter, Registry};
+use crate::sys;
+
+/// `argv[1]` that selects leader mode.
+pub const LEADER_ARG: &str = "phase-leader";
+/// In the leader: its end of the channel to PID 1.
+const CHANNEL_FD: RawFd = 3;
+/// In the leader: init's own binary (sessions exec it in report-state mode).
+const EXE_FD: RawFd = 4;
+/// The most descriptors one spawn hands over.
+const MAX_FDS: usize = 5;
+/// Largest message either side accepts.
+const MAX_MESSAGE_BYTES: u32 = 16 << 20;
+/// How long PID 1 waits for a leader's answer to a spawn.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long PID 1 waits for a new leader to build and enforce its ruleset.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// PID 1 -> leader: start one process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpawnOrder {
+    /// The resolved program path.
+    pub program: String,
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: String,
+}
+
+/// Leader -> PID 1.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "says", rename_all = "snake_case")]
+enum LeaderSays {
+    Ready,
+    /// `rejected`: the rules themselves cannot be enforced here (a bad or
+    /// symlinked path, too many rules), not a failing system.
+    Failed {
+        message: String,
+        rejected: bool,
+    },
+    Spawned {
+        pid: i32,
+    },
+    /// `errno` of the step (`chdir`, `execve`, ...) that failed.
+    SpawnFailed {
+        errno: i32,
+        step: String,
+    },
+}
+
+/// Why a spawn through the leader failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// The process could not start (its exec failed): the caller's problem.
+    #[error("{0}")]
+    Exec(io::Error),
+    /// The leader was gone before it got the order: start another and
+    /// try again.
+    #[error("phase leader gone: {0}")]
+    LeaderGone(io::Error),
+    /// The leader took the order but did not answer (it broke, or was
+    /// stopped or killed midway): the process may or may not run, so the
+    /// order must not be repeated. The leader is to be replaced.
+    #[error("phase leader did not answer: {0}")]
+    Leader(io::Error),
+}
+
+/// Why a leader could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The phase's rules cannot be enforced in this sandbox.
+    #[error("{0}")]
+    Rejected(String),
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+impl From<StartError> for io::Error {
+    fn from(e: StartError) -> io::Error {
+        match e {
+            StartError::Rejected(message) => io::Error::other(message),
+            StartError::Io(e) => e,
+        }
+    }
+}
+
+/// What fails around the leader (e.g. the reaper's wake-up pipe) fails
+/// only this spawn.
+impl From<io::Error> for SpawnError {
+    fn from(e: io::Error) -> SpawnError {
+        SpawnError::Exec(e)
+    }
+}
+
+/// PID 1's handle of a running leader. Dropping it closes the channel, on
+/// which the leader exits.
+pub struct Leader {
+    pid: i32,
+    channel: UnixStream,
+    _exit: ExitWaiter,
+}
+
+impl Leader {
+    /// Starts a leader for `rules` and waits until it enforces them.
+    pub fn start(registry: &Registry, self_exe: BorrowedFd<'_>, rules: &PhaseRules) -> Result<Leader, StartError> {
+        let (channel, theirs) = UnixStream::pair()?;
+        let mut command = Command::new(format!("/proc/self/fd/{EXE_FD}"));
+        command
+            .arg0("warren-init")
+            .arg(LEADER_ARG)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let fds = (theirs.as_raw_fd(), self_exe.as_raw_fd());
+        // SAFETY: runs between fork and exec in the child of a
+        // multi-threaded process: only async-signal-safe system calls on
+        // integers, no allocation.
+        unsafe { command.pre_exec(move || prepare_leader(fds)) };
+        let (pid, exit) = registry.spawn_registered(|| {
+            let child = command.spawn()?;
+            Ok::<_, io::Error>((child.id() as i32, child.id() as i32))
+        })?;
+        drop(theirs);
+        let mut leader = Leader { pid, channel, _exit: exit };
+        let started = leader.handshake(rules);
+        if started.is_err() {
+            leader.kill(registry);
+        }
+        started.map(|()| leader)
+    }
+
+    fn handshake(&mut self, rules: &PhaseRules) -> Result<(), StartError> {
+        self.channel.set_read_timeout(Some(READY_TIMEOUT))?;
+        send_message(&self.channel, rules, &[])?;
+        match read_message::<LeaderSays>(&mut self.channel)? {
+            LeaderSays::Ready => Ok(()),
+            LeaderSays::Failed { message, rejected: true } => Err(StartError::Rejected(message)),
+            LeaderSays::Failed { message, rejected: false } => Err(io::Error::other(message).into()),
+            other => Err(io::Error::other(format!("phase leader said {other:?} before it was ready")).into()),
+        }
+    }
+
+    /// The leader's pid (in the sandbox's pid namespace).
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Starts `order`'s process with `fds` as its descriptors 0, 1, 2, ...
+    pub fn spawn(&mut self, order: &SpawnOrder, fds: &[BorrowedFd<'_>]) -> Result<i32, SpawnError> {
+        self.channel.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(SpawnError::LeaderGone)?;
+        send_message(&self.channel, order, fds).map_err(SpawnError::LeaderGone)?;
+        match read_message::<LeaderSays>(&mut self.channel).map_err(SpawnError::Leader)? {
+            LeaderSays::Spawned { pid } => Ok(pid),
+            LeaderSays::SpawnFailed { errno, step } => {
+                let e = io::Error::from_raw_os_error(errno);
+                Err(SpawnError::Exec(io::Error::new(e.kind(), format!("{step}: {e}"))))
+            }
+            other => Err(SpawnError::Leader(io::Error::other(format!("unexpected answer {other:?}")))),
+        }
+    }
+
+    /// Ends a leader that stopped answering (PID 1 may signal any process
+    /// of the sandbox; the reaper collects it).
+    pub fn kill(&self, registry: &Registry) {
+        registry.signal_unreaped(self.pid, libc::SIGKILL);
+    }
+}
+
+/// In the leader's child, before exec: its own session (the leader is part
+/// of no exec's tree), the channel at [`CHANNEL_FD`] and init's binary at
+/// [`EXE_FD`], every other descriptor above 2 closed on exec, default
+/// signal dispositions.
+fn prepare_leader((channel, exe): (RawFd, RawFd)) -> io::Result<()> {
+    let check = |rc: libc::c_int| if rc == -1 { Err(io::Error::last_os_error()) } else { Ok(()) };
+    // SAFETY: async-signal-safe system calls on integers in a
+    // single-threaded child about to exec. `channel` and `exe` are both
+    // above EXE_FD (fds 3 and 4 of PID 1 are the retired setup socket's
+    // placeholder and the listener), so the dup2s cannot clobber each other.
+    unsafe {
+        sys::reset_signal_dispositions();
+        check(libc::setsid())?;
+        check(libc::dup2(channel, CHANNEL_FD))?;
+        check(libc::dup2(exe, EXE_FD))?;
+        check(libc::close_range((EXE_FD + 1) as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC as i32))
+    }
+}
+
+// ---- wire --------------------------------------------------------------
+
+/// Sends one message; `fds` ride on its length prefix.
+fn send_message<T: Serialize>(channel: &UnixStream, value: &T, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let body = serde_json::to_vec(value).map_err(io::Error::other)?;
+    let len = u32::try_from(body.len()).ok().filter(|&n| n <= MAX_MESSAGE_BYTES);
+    let len = len.ok_or_else(|| io::Error::other("message too large"))?.to_be_bytes();
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::other("too many descriptors for one spawn"));
+    }
+    let mut sent = 0;
+    while sent == 0 {
+        sent = match rustix::net::sendmsg(channel, &[IoSlice::new(&len)], &mut control, SendFlags::NOSIGNAL) {
+            Ok(n) => n,
+            Err(rustix::io::Errno::INTR) => 0,
+            Err(e) => return Err(e.into()),
+        };
+    }
+    let mut writer = channel;
+    writer.write_all(&len[sent..])?;
+    writer.write_all(&body)
+}
+
+/// Reads one message without descriptors.
+fn read_message<T: for<'de> Deserialize<'de>>(channel: &mut UnixStream) -> io::Result<T> {
+    let mut len = [0u8; 4];
+    channel.read_exact(&mut len)?;
+    read_body(channel, len)
+}
+
+fn read_body<T: for<'de> Deserialize<'de>>(channel: &mut UnixStream, len: [u8; 4]) -> io::Result<T> {
+    let len = u32::from_be_bytes(len);
+    if len > MAX_MESSAGE_BYTES {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "message too large"));
+    }
+    let mut body = vec![0u8; len as usize];
+    channel.read_exact(&mut body)?;
+    serde_json::from_slice(&body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Reads one message and the descriptors on its length prefix. `Ok(None)`
+/// when PID 1 closed the channel.
+fn read_message_with_fds<T: for<'de> Deserialize<'de>>(
+    channel: &mut UnixStream,
+) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
+    let mut len = [0u8; 4];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = loop {
+        match rustix::net::recvmsg(&*channel, &mut [IoSliceMut::new(&mut len)], &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Ok(msg) => break msg.bytes,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let mut fds = Vec::new();
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = message {
+            fds.extend(received);
+        }
+    }
+    if got == 0 {
+        return Ok(None);
+    }
+    channel.read_exact(&mut len[got..])?;
+    Ok(Some((read_body(channel, len)?, fds)))
+}
+
+// ---- the leader process ------------------------------------------------
+
+/// Leader mode: enforce the phase's ruleset, then start processes for PID 1
+/// until it closes the channel.
+pub fn leader_main() -> ! {
+    // Before anything else: the sandbox's root must not open this
+    // process's descriptors (the channel) through /proc. Until this call
+    // the leader is dumpable, but it is also in no Landlock domain yet, and
+    // every sandbox process is in one: Landlock refuses a process access to
+    // /proc/<pid>/fd of a process outside its domain (the ptrace check), so
+    // even a process of an earlier phase cannot take the channel then.
+    if rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable).is_err() {
+        sys::exit_now(1)
+    }
+    // SAFETY: PID 1 hands the leader the channel at CHANNEL_FD and init's
+    // binary at EXE_FD; nothing else in this process owns them.
+    let (mut channel, exe) = unsafe { (UnixStream::from_raw_fd(CHANNEL_FD), OwnedFd::from_raw_fd(EXE_FD)) };
+    for fd in [channel.as_fd(), exe.as_fd()] {
+        if rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC).is_err() {
+            sys::exit_now(1)
+        }
+    }
+    let answer = match read_message::<PhaseRules>(&mut channel) {
+        Ok(rules) => match enforce(&rules, exe.as_fd()) {
+            Ok(()) => LeaderSays::Ready,
+            Err((message, rejected)) => LeaderSays::Failed { message, rejected },
+        },
+        Err(_) => sys::exit_now(1),
+    };
+    let ready = answer == LeaderSays::Ready;
+    if send_message(&channel, &answer, &[]).is_err() || !ready {
+        sys::exit_now(1)
+    }
+    serve(&mut channel)
+}
+
+/// Builds the phase's ruleset and restricts this process (and so every
+/// process it starts) to it. On failure: why, and whether the rules
+/// themselves are at fault.
+fn enforce(rules: &PhaseRules, exe: BorrowedFd<'_>) -> Result<(), (String, bool)> {
+    let fail = |e: ruleset::LandlockError| {
+        let rejected = matches!(
+            e,
+            ruleset::LandlockError::InvalidPath { .. }
+                | ruleset::LandlockError::Symlink { .. }
+                | ruleset::LandlockError::TooManyRules
+        );
+        (format!("phase `{}`: {e}", rules.name), rejected)
+    };
+    let plan =
+        Plan::new(rules.protected_paths.iter().map(|(path, access)| (path.as_str(), level(*access)))).map_err(fail)?;
+    let root = rustix::fs::open(
+        "/",
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| (format!("open /: {e}"), false))?;
+    // Session commands exec this binary (in report-state mode) through
+    // the descriptor they are handed: the phase must be able to.
+    let ruleset = plan.ruleset(root.as_fd(), &[(exe, Level::Read)]).map_err(fail)?;
+    ruleset::restrict_self(ruleset).map_err(fail)?;
+    Ok(())
+}
+
+fn level(access: PathAccess) -> Level {
+    match access {
+        PathAccess::None => Level::None,
+        PathAccess::Read => Level::Read,
+        PathAccess::ReadWrite => Level::ReadWrite,
+    }
+}
+
+fn serve(channel: &mut UnixStream) -> ! {
+    loop {
+        let (order, fds) = match read_message_with_fds::<SpawnOrder>(channel) {
+            Ok(Some(message)) => message,
+            // PID 1 retired this leader (or broke the channel).
+            _ => sys::exit_now(0),
+        };
+        let answer = match spawn(&order, &fds) {
+            Ok(pid) => LeaderSays::Spawned { pid },
+            Err((step, e)) => {
+                LeaderSays::SpawnFailed { errno: e.raw_os_error().unwrap_or(libc::EIO), step: step.into() }
+            }
+        };
+        drop(fds);
+        if send_message(channel, &answer, &[]).is_err() {
+            sys::exit_now(0)
+        }
+    }
+}
+
+/// What the child needs, prepared before `clone` so the child allocates
+/// nothing.
+struct Prepared {
+    program: CString,
+    _argv: Vec<CString>,
+    argv_ptrs: Vec<*const libc::c_char>,
+    _env: Vec<CString>,
+    env_ptrs: Vec<*const libc::c_char>,
+    cwd: CString,
+}
+
+fn prepare(order: &SpawnOrder) -> io::Result<Prepared> {
+    let cstring = |s: &str| CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL));
+    let argv: Vec<CString> = order.argv.iter().map(|a| cstring(a)).collect::<io::Result<_>>()?;
+    let env: Vec<CString> = order.env.iter().map(|(k, v)| cstring(&format!("{k}={v}"))).collect::<io::Result<_>>()?;
+    let pointers =
+        |strings: &[CString]| strings.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+    Ok(Prepared {
+        program: cstring(&order.program)?,
+        argv_ptrs: pointers(&argv),
+        _argv: argv,
+        env_ptrs: pointers(&env),
+        _env: env,
+        cwd: cstring(&order.cwd)?,
+    })
+}
+
+/// Starts one process as PID 1's child in this leader's domain; on
+/// failure, which step failed and why.
+fn spawn(order: &SpawnOrder, fds: &[OwnedFd]) -> Result<i32, (&'static str, io::Error)> {
+    if !(3..=MAX_FDS).contains(&fds.len()) {
+        return Err(("descriptors", io::Error::from_raw_os_error(libc::EINVAL)));
+    }
+    let prepared = prepare(order).map_err(|e| ("arguments", e))?;
+    let (error_rx, error_tx) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| ("pipe", io::Error::from(e)))?;
+    let raw_fds: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
+    // SAFETY: the leader is single-threaded, and the child only makes raw
+    // system calls before it execs or exits.
+    match unsafe { sys::clone_parent() }.map_err(|e| ("clone", e))? {
+        sys::Forked::Child => child(&prepared, &raw_fds, error_tx.as_raw_fd()),
+        sys::Forked::Parent { child } => {
+            drop(error_tx);
+            let mut report = [0u8; 8];
+            let mut got = 0;
+            while got < report.len() {
+                match rustix::io::read(&error_rx, &mut report[got..]) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(("exec report", e.into())),
+                }
+            }
+            match got {
+                // The pipe closed on exec: the program runs.
+                0 => Ok(child),
+                8 => {
+                    let errno = i32::from_ne_bytes([report[0], report[1], report[2], report[3]]);
+                    let step =
+                        CHILD_STEPS.get(u32::from_ne_bytes([report[4], report[5], report[6], report[7]]) as usize);
+                    Err((step.copied().unwrap_or("exec"), io::Error::from_raw_os_error(errno)))
+                }
+                _ => Err(("exec report", io::Error::from(io::ErrorKind::UnexpectedEof))),
+            }
+        }
+    }
+}
+
+/// The child's steps, numbered for the error report.
+const CHILD_STEPS: [&str; 5] = ["setsid", "prctl(PR_SET_CHILD_SUBREAPER)", "dup2", "chdir", "execve"];
+
+/// The child between `clone` and `exec`. Like `exec::prepare_child`: its
+/// own session and child-subreaper status (so PID 1's `kill_tree` finds the
+/// whole tree), `fds` as 0, 1, 2, ..., everything else closed on exec,
+/// default signal dispositions. Never returns.
+fn child(prepared: &Prepared, fds: &[RawFd], error_tx: RawFd) -> ! {
+    let fail = |step: u32| -> ! {
+        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        let mut report = [0u8; 8];
+        report[..4].copy_from_slice(&errno.to_ne_bytes());
+        report[4..].copy_from_slice(&step.to_ne_bytes());
+        // SAFETY: write and _exit are async-signal-safe; `report` is a
+        // valid buffer of its length.
+        unsafe {
+            libc::write(error_tx, report.as_ptr().cast(), report.len());
+            libc::_exit(127)
+        }
+    };
+    // SAFETY: this is the single-threaded child of the single-threaded
+    // leader: raw system calls on integers and on the pointers prepared
+    // before the clone, which stay valid in this copy of the memory. The
+    // received descriptors are all above EXE_FD, so no dup2 overwrites a
+    // source of a later one.
+    unsafe {
+        sys::reset_signal_dispositions();
+        if libc::setsid() == -1 {
+            fail(0)
+        }
+        if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) == -1 {
+            fail(1)
+        }
+        for (target, &fd) in fds.iter().enumerate() {
+            if libc::dup2(fd, target as RawFd) == -1 {
+                fail(2)
+            }
+        }
+        if libc::chdir(prepared.cwd.as_ptr()) == -1 {
+            fail(3)
+        }
+        libc::close_range(fds.len() as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC as i32);
+        libc::execve(prepared.program.as_ptr(), prepared.argv_ptrs.as_ptr(), prepared.env_ptrs.as_ptr());
+        fail(4)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_carry_descriptors_on_their_length_prefix() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let order = SpawnOrder {
+            program: "/bin/true".into(),
+            argv: vec!["true".into()],
+            env: BTreeMap::new(),
+            cwd: "/".into(),
+        };
+        let (r, w) = rustix::pipe::pipe().unwrap();
+        send_message(&a, &order, &[r.as_fd(), w.as_fd()]).unwrap();
+        send_message(&a, &LeaderSays::Ready, &[]).unwrap();
+        let (got, fds) = read_message_with_fds::<SpawnOrder>(&mut b).unwrap().unwrap();
+        assert_eq!(got, order);
+        assert_eq!(fds.len(), 2);
+        // The received write end writes into the original pipe.
+        rustix::io::write(&fds[1], b"x").unwrap();
+        let mut byte = [0u8; 1];
+        assert_eq!(rustix::io::read(&r, &mut byte), Ok(1));
+        assert_eq!(read_message::<LeaderSays>(&mut b).unwrap(), LeaderSays::Ready);
+        drop(a);
+        assert!(read_message_with_fds::<SpawnOrder>(&mut b).unwrap().is_none());
+    }
+}

@@ -1,0 +1,463 @@
+//! Egress of `allowlist` sandboxes: a veth pair, NAT, and eBPF cgroup
+//! programs that allow only the policy's destinations - changed live, with
+//! every refusal a security event. Peers are servers this test runs in
+//! network namespaces it makes (named after the test process), never any
+//! outside address.
+
+use std::net::Ipv4Addr;
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::{sleep, Instant};
+use warren_api::{ErrorCode, SandboxInfo, SecurityEvent, SecurityEventKind, SecurityEventList};
+use warren_tests::*;
+
+const PROBE: &str = "/tmp/netprobe";
+const WAIT: Duration = Duration::from_secs(30);
+static PEERS: AtomicU32 = AtomicU32::new(0);
+
+fn run(cmd: &[&str]) {
+    let out = Command::new(cmd[0]).args(&cmd[1..]).output().expect("run a host command");
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn output(cmd: &[&str]) -> String {
+    let out = Command::new(cmd[0]).args(&cmd[1..]).output().expect("run a host command");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A /24 per test for the sandboxes' pool and one for its peers, picked
+/// by pid and a counter so concurrent tests (and runs) do not collide.
+fn block() -> u8 {
+    let n = PEERS.fetch_add(1, Ordering::SeqCst);
+    ((std::process::id() * 7 + n * 13) % 200) as u8 + 20
+}
+
+/// A network namespace with a veth to the host and TCP echo servers.
+struct Peer {
+    ns: String,
+    host_if: String,
+    addr: Ipv4Addr,
+    servers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Peer {
+    fn new(block: u8) -> Peer {
+        let tag = format!("{}{}", std::process::id() % 100_000, block);
+        let peer = Peer {
+            ns: format!("wtnet-{tag}"),
+            host_if: format!("wtp{tag}"),
+            addr: Ipv4Addr::new(10, 251, block, 2),
+            servers: Vec::new(),
+        };
+        let peer_if = format!("wtq{tag}");
+        run(&["ip", "netns", "add", &peer.ns]);
+        run(&["ip", "link", "add", &peer.host_if, "type", "veth", "peer", "name", &peer_if, "netns", &peer.ns]);
+        run(&["ip", "addr", "add", &format!("10.251.{block}.1/30"), "dev", &peer.host_if]);
+        run(&["ip", "link", "set", &peer.host_if, "up"]);
+        run(&["ip", "-n", &peer.ns, "addr", "add", &format!("10.251.{block}.2/30"), "dev", &peer_if]);
+        run(&["ip", "-n", &peer.ns, "link", "set", &peer_if, "up"]);
+        run(&["ip", "-n", &peer.ns, "link", "set", "lo", "up"]);
+        peer
+    }
+
+    /// The host's end of the peer's veth.
+    fn host_addr(&self) -> Ipv4Addr {
+        let [a, b, c, _] = self.addr.octets();
+        Ipv4Addr::new(a, b, c, 1)
+    }
+
+    /// An echo server on `port` in the namespace.
+    fn serve_echo(&mut self, port: u16) {
+        let ns = PathBuf::from("/run/netns").join(&self.ns);
+        let listener = std::thread::spawn(move || {
+            let f = std::fs::File::open(&ns).expect("open the peer netns");
+            rustix::thread::move_into_link_name_space(f.as_fd(), Some(rustix::thread::LinkNameSpaceType::Network))
+                .expect("setns into the peer netns");
+            let l = std::net::TcpListener::bind(("0.0.0.0", port)).expect("bind the echo server");
+            l.set_nonblocking(true).expect("nonblocking listener");
+            l
+        })
+        .join()
+        .expect("the setns thread");
+        let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+        self.servers.push(tokio::spawn(async move {
+            loop {
+                let Ok((mut conn, _)) = listener.accept().await else { continue };
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 64];
+                    while let Ok(n) = conn.read(&mut buf).await {
+                        if n == 0 || conn.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        }));
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        for s in &self.servers {
+            s.abort();
+        }
+        let _ = Command::new("ip").args(["link", "del", &self.host_if]).output();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
+    }
+}
+
+/// FNV-1a, as warren-net names its host objects.
+fn fnv(text: &str) -> u32 {
+    text.bytes().fold(0x811c9dc5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x01000193))
+}
+
+/// The host objects of a server's sandbox network; removes them on drop
+/// (after a failed test) and checks they are gone.
+struct NetObjects {
+    table: String,
+    pins: PathBuf,
+    veth_prefix: String,
+}
+
+impl NetObjects {
+    fn of(server: &TestServer) -> NetObjects {
+        let clean: String =
+            server.instance.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
+        NetObjects {
+            table: format!("warren_net_{clean}"),
+            pins: PathBuf::from(format!("/sys/fs/bpf/warren-net-{}", server.instance)),
+            veth_prefix: format!("wr{:06x}h", fnv(&server.instance) & 0xff_ffff),
+        }
+    }
+
+    fn veths(&self) -> Vec<String> {
+        output(&["ip", "-o", "link", "show"])
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap_or(n).to_string())
+            .filter(|n| n.starts_with(&self.veth_prefix))
+            .collect()
+    }
+
+    fn table_exists(&self) -> bool {
+        Command::new("nft").args(["list", "table", "ip", &self.table]).output().is_ok_and(|o| o.status.success())
+    }
+
+    fn assert_gone(&self) {
+        assert_eq!(self.veths(), Vec::<String>::new(), "veths left");
+        assert!(!self.table_exists(), "nft table {} left", self.table);
+        assert!(!self.pins.exists(), "bpffs pins {} left", self.pins.display());
+    }
+}
+
+impl Drop for NetObjects {
+    fn drop(&mut self) {
+        for v in self.veths() {
+            let _ = Command::new("ip").args(["link", "del", &v]).output();
+        }
+        let _ = Command::new("nft").args(["delete", "table", "ip", &self.table]).output();
+        let _ = std::fs::remove_dir_all(&self.pins);
+    }
+}
+
+fn warren_cli() -> PathBuf {
+    if let Some(path) = std::env::var_os("WARREN_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("the test executable has a path");
+    let deps = exe.parent().expect("the test executable has a directory");
+    deps.parent().unwrap_or(deps).join("warren")
+}
+
+fn probe_binary() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| static_c_helper("functional/network/probe.c", env!("CARGO_TARGET_TMPDIR"))).clone()
+}
+
+async fn start(pool_block: u8, extra: &[&str]) -> (TestServer, NetObjects) {
+    let pool = format!("10.250.{pool_block}.0/24");
+    let mut args = vec!["--sandbox-net", pool.as_str()];
+    args.extend_from_slice(extra);
+    let server = TestServer::start_with(&args).await;
+    let objects = NetObjects::of(&server);
+    (server, objects)
+}
+
+async fn allowlist(server: &TestServer, policy: Value) -> SandboxInfo {
+    let sb = server.create(small(json!({"network": "allowlist", "network_policy": policy}))).await;
+    let bytes = std::fs::read(probe_binary()).expect("read the probe");
+    let (status, body) = server.put_file(&sb.id, PROBE, bytes, Some("755")).await;
+    assert_eq!(status, StatusCode::OK, "upload the probe: {body}");
+    sb
+}
+
+async fn probe(server: &TestServer, id: &str, args: &str) -> String {
+    let r = server.sh(id, &format!("{PROBE} {args}")).await;
+    assert_eq!(r.exit_code, Some(0), "probe {args}: {r:?}");
+    stdout(&r).to_string()
+}
+
+async fn put_network(server: &TestServer, id: &str, policy: Value) -> (StatusCode, Value) {
+    server.call(Method::PUT, &format!("/v1/sandboxes/{id}/network"), Some(&policy)).await
+}
+
+async fn events(server: &TestServer, id: &str) -> Vec<SecurityEvent> {
+    let (status, body) = server.call(Method::GET, &format!("/v1/sandboxes/{id}/events"), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    serde_json::from_value::<SecurityEventList>(body).expect("an event list").events
+}
+
+/// Waits (bounded) for an event of `kind` whose detail contains `needle`.
+async fn wait_event(server: &TestServer, id: &str, kind: SecurityEventKind, needle: &str) -> SecurityEvent {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let all = events(server, id).await;
+        if let Some(e) = all.iter().find(|e| e.kind == kind && e.detail.contains(needle)) {
+            return e.clone();
+        }
+        assert!(Instant::now() < deadline, "no {kind:?} event about {needle}: {all:?}");
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn cidr_rule(addr: Ipv4Addr, ports: &[u16], protocol: &str) -> Value {
+    json!({"cidr": addr.to_string(), "ports": ports, "protocol": protocol})
+}
+
+#[tokio::test]
+async fn allowed_tcp_connects_and_anything_else_is_refused_and_reported() {
+    let b = block();
+    let mut peer = Peer::new(b);
+    peer.serve_echo(80);
+    peer.serve_echo(81);
+    let (server, objects) = start(b, &[]).await;
+    let sb = allowlist(&server, json!({"rules": [cidr_rule(peer.addr, &[80], "tcp")]})).await;
+    assert_eq!(server.get(&sb.id).await.network_policy.map(|p| p.rules.len()), Some(1), "info shows the policy");
+    let link = server.sh_ok(&sb.id, "ip -o addr show eth0").await;
+    assert!(link.contains("10.250."), "eth0 has an address of the pool: {link}");
+    assert!(!link.contains("inet6"), "no IPv6, not even link-local: {link}");
+
+    assert_eq!(probe(&server, &sb.id, &format!("tcp {} 80", peer.addr)).await, "tcp OK\necho OK\n");
+    assert_eq!(probe(&server, &sb.id, &format!("tcp {} 81", peer.addr)).await, "tcp EPERM\n");
+    let event = wait_event(&server, &sb.id, SecurityEventKind::NetworkBlocked, &format!("{}:81", peer.addr)).await;
+    assert_eq!((event.syscall.as_str(), event.comm.as_str()), ("connect", "netprobe"), "{event:?}");
+    assert!(event.detail.starts_with("tcp "), "{event:?}");
+    assert!(event.pid > 0, "the pid inside the sandbox: {event:?}");
+    // Loopback inside the sandbox is always allowed.
+    let lo = "nc -l -p 7000 > /tmp/got & i=0; until echo lo | nc 127.0.0.1 7000; do i=$((i+1)); \
+              [ $i -gt 300 ] && exit 1; sleep 0.1; done; wait; cat /tmp/got";
+    assert_eq!(server.sh_ok(&sb.id, lo).await, "lo\n");
+    assert_eq!(objects.veths().len(), 1, "one veth for the sandbox");
+    assert!(objects.table_exists() && objects.pins.exists());
+
+    // A rule wide enough to cover an address of the host itself still does
+    // not reach the host's own services.
+    let host_side = std::net::TcpListener::bind((peer.host_addr(), 0)).expect("a host listener");
+    let port = host_side.local_addr().expect("its address").port();
+    let wide = json!({"rules": [{"cidr": format!("{}/30", peer.addr), "ports": [80, port]}]});
+    let (status, body) = put_network(&server, &sb.id, wide).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(probe(&server, &sb.id, &format!("tcp {} 80", peer.addr)).await, "tcp OK\necho OK\n");
+    let to_host = probe(&server, &sb.id, &format!("tcp {} {port}", peer.host_addr())).await;
+    assert!(!to_host.contains("tcp OK"), "the host is not reachable: {to_host}");
+
+    server.delete(&sb.id).await;
+    assert_eq!(objects.veths(), Vec::<String>::new(), "destroy removes the veth");
+    server.finish().await;
+    objects.assert_gone();
+}
+
+#[tokio::test]
+async fn udp_ipv6_and_foreign_dns_are_blocked_around_a_tcp_rule() {
+    let b = block();
+    let mut peer = Peer::new(b);
+    peer.serve_echo(53);
+    let (server, objects) = start(b, &[]).await;
+    let sb = allowlist(&server, json!({"rules": [cidr_rule(peer.addr, &[53], "tcp")]})).await;
+    assert_eq!(probe(&server, &sb.id, &format!("tcp {} 53", peer.addr)).await, "tcp OK\necho OK\n");
+    // A resolver of the agent's choosing, on the very host the TCP rule names.
+    assert_eq!(probe(&server, &sb.id, &format!("udp {} 53", peer.addr)).await, "udp EPERM\n");
+    wait_event(&server, &sb.id, SecurityEventKind::NetworkBlocked, &format!("udp {}:53", peer.addr)).await;
+    // busybox nslookup against that resolver gets nowhere either.
+    let r = server.sh(&sb.id, &format!("nslookup example.test {}", peer.addr)).await;
+    assert_ne!(r.exit_code, Some(0), "{r:?}");
+    assert_eq!(probe(&server, &sb.id, "tcp6 2001:db8::1 80").await, "tcp6 EPERM\n");
+    assert_eq!(
+        probe(&server, &sb.id, &format!("tcp6 ::ffff:{} 53", peer.addr)).await.trim(),
+        "tcp6 OK",
+        "a v4-mapped address is the same destination"
+    );
+    assert_eq!(probe(&server, &sb.id, "udp6 2001:db8::1 53").await, "udp6 EPERM\n");
+    wait_event(&server, &sb.id, SecurityEventKind::NetworkBlocked, "[2001:db8::1]:80").await;
+    server.finish().await;
+    objects.assert_gone();
+}
+
+#[tokio::test]
+async fn raw_packet_and_odd_sockets_are_refused() {
+    let b = block();
+    let (server, objects) = start(b, &[]).await;
+    let sb = allowlist(&server, json!({})).await;
+    let out = probe(&server, &sb.id, "sockets").await;
+    for line in out.lines() {
+        assert!(!line.ends_with(" OK"), "{line} in:\n{out}");
+    }
+    assert!(out.contains("raw EPERM") && out.contains("packet EPERM"), "{out}");
+    server.finish().await;
+    objects.assert_gone();
+}
+
+#[tokio::test]
+async fn live_policy_changes_apply_to_the_next_connect_and_cut_established_connections() {
+    let b = block();
+    let mut peer = Peer::new(b);
+    peer.serve_echo(80);
+    let (server, objects) = start(b, &[]).await;
+    let sb = allowlist(&server, json!({})).await;
+    let target = format!("{} 80", peer.addr);
+    assert_eq!(probe(&server, &sb.id, &format!("tcp {target}")).await, "tcp EPERM\n");
+
+    // Through the CLI, as a user would.
+    let cli = Command::new(warren_cli())
+        .args(["--json", "sandbox", "network", &sb.id, "--allow", &format!("{}:80", peer.addr)])
+        .env("WARREN_URL", &server.url)
+        .output()
+        .expect("run the warren CLI");
+    assert!(cli.status.success(), "{}", String::from_utf8_lossy(&cli.stderr));
+    let body: Value = serde_json::from_slice(&cli.stdout).expect("the CLI prints the sandbox as JSON");
+    assert_eq!(body["network_policy"]["rules"][0]["cidr"], json!(peer.addr.to_string()));
+    assert_eq!(body["network_policy"]["rules"][0]["ports"], json!([80]));
+    assert_eq!(probe(&server, &sb.id, &format!("tcp {target}")).await, "tcp OK\necho OK\n");
+
+    // An established connection: proven to work, then its rule goes away.
+    let req = warren_api::ExecRequest { command: Some(format!("{PROBE} hold {target} /tmp/go")), ..Default::default() };
+    let mut reader = server.exec_open(&sb.id, &req).await;
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("first ") {
+        let frame = reader.next().await.expect("the hold probe reports its first round trip");
+        seen.extend(frame_bytes(&[frame], warren_api::StreamName::Stdout));
+    }
+    assert!(String::from_utf8_lossy(&seen).contains("first OK"), "{}", String::from_utf8_lossy(&seen));
+    let (status, body) = put_network(&server, &sb.id, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    server.sh_ok(&sb.id, "touch /tmp/go").await;
+    let rest = reader.collect().await;
+    seen.extend(frame_bytes(&rest, warren_api::StreamName::Stdout));
+    let text = String::from_utf8_lossy(&seen).to_string();
+    assert!(text.contains("second ") && !text.contains("second OK"), "the backstop drops its packets:\n{text}");
+    wait_event(&server, &sb.id, SecurityEventKind::NetworkBlocked, "(packet dropped)").await;
+    assert_eq!(probe(&server, &sb.id, &format!("tcp {target}")).await, "tcp EPERM\n");
+
+    // Bad policies name their field; other modes cannot be changed.
+    let (status, body) = put_network(&server, &sb.id, json!({"presets": ["nope"]})).await;
+    assert_api_error(status, &body, ErrorCode::InvalidRequest, Some("network_policy.presets[0]"));
+    let (status, body) = put_network(&server, &sb.id, json!({"rules": [{"cidr": "10.0.0.0/33"}]})).await;
+    assert_api_error(status, &body, ErrorCode::InvalidRequest, Some("network_policy.rules[0].cidr"));
+    let plain = server.create(small(json!({"network": "loopback"}))).await;
+    let (status, body) = put_network(&server, &plain.id, json!({})).await;
+    assert_api_error(status, &body, ErrorCode::InvalidRequest, Some("network"));
+    server.finish().await;
+    objects.assert_gone();
+}
+
+#[tokio::test]
+async fn domain_rules_resolve_through_the_platform_resolver_and_pin_the_answer() {
+    let b = block();
+    let mut peer = Peer::new(b);
+    peer.serve_echo(80);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let hosts = dir.path().join("hosts");
+    std::fs::write(&hosts, format!("{} mirror.test\n{} other.test\n", peer.addr, peer.addr)).expect("hosts file");
+    let (server, objects) = start(b, &["--dns-hosts", hosts.to_str().expect("utf-8 path")]).await;
+    let sb = allowlist(&server, json!({"rules": [{"domain": "mirror.test", "ports": [80]}]})).await;
+    let target = format!("tcp {} 80", peer.addr);
+    assert_eq!(probe(&server, &sb.id, &target).await, "tcp EPERM\n", "not before the name was resolved");
+    let resolv = server.sh_ok(&sb.id, "cat /etc/resolv.conf").await;
+    assert!(resolv.starts_with("nameserver 10.250."), "{resolv}");
+
+    let found = server.sh_ok(&sb.id, "nslookup mirror.test").await;
+    assert!(found.contains(&peer.addr.to_string()), "{found}");
+    assert_eq!(probe(&server, &sb.id, &target).await, "tcp OK\necho OK\n", "the answer is pinned");
+
+    let r = server.sh(&sb.id, "nslookup other.test").await;
+    assert!(!stdout(&r).contains(&peer.addr.to_string()), "a name no rule allows is refused: {r:?}");
+    wait_event(&server, &sb.id, SecurityEventKind::DnsRefused, "other.test").await;
+
+    // Dropping the domain rule drops its pinned answers too.
+    let (status, body) = put_network(&server, &sb.id, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(probe(&server, &sb.id, &target).await, "tcp EPERM\n");
+    server.finish().await;
+    objects.assert_gone();
+}
+
+#[tokio::test]
+async fn presets_expand_from_the_config_file_and_unknown_ones_are_rejected() {
+    let b = block();
+    let mut peer = Peer::new(b);
+    peer.serve_echo(80);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let presets = dir.path().join("presets.json");
+    std::fs::write(&presets, json!({"mirror": [cidr_rule(peer.addr, &[80], "tcp")]}).to_string()).expect("presets");
+    let (server, objects) = start(b, &["--network-presets", presets.to_str().expect("utf-8 path")]).await;
+    let (status, body) = server
+        .try_create(&small(json!({"network": "allowlist", "network_policy": {"presets": ["pypi", "nope"]}})))
+        .await;
+    assert_api_error(status, &body, ErrorCode::InvalidRequest, Some("network_policy.presets[1]"));
+    let ports: Vec<u16> = (1..=33).collect();
+    let too_many = json!({"network": "allowlist", "network_policy": {"rules": [cidr_rule(peer.addr, &ports, "tcp")]}});
+    let (status, body) = server.try_create(&small(too_many)).await;
+    assert_api_error(status, &body, ErrorCode::InvalidRequest, Some("network_policy.rules"));
+    assert_eq!(server.list(None).await.len(), 0, "nothing was made for refused policies");
+    let sb = allowlist(&server, json!({"presets": ["mirror", "pypi"]})).await;
+    assert_eq!(probe(&server, &sb.id, &format!("tcp {} 80", peer.addr)).await, "tcp OK\necho OK\n");
+    server.finish().await;
+    objects.assert_gone();
+}
+
+#[tokio::test]
+async fn a_crashed_server_leaves_enforcement_in_place_and_the_restart_sweeps() {
+    let b = block();
+    let mut peer = Peer::new(b);
+    peer.serve_echo(80);
+    peer.serve_echo(81);
+    let (mut server, objects) = start(b, &[]).await;
+    let kept = allowlist(&server, json!({"rules": [cidr_rule(peer.addr, &[80], "tcp")]})).await;
+    let gone = allowlist(&server, json!({})).await;
+    server.crash().await;
+    // While no node runs, the programs still hold.
+    let pid1 = sandbox_pids(&server.instance, &kept.id);
+    assert!(!pid1.is_empty());
+    assert_eq!(objects.veths().len(), 2);
+    // The second sandbox dies with the node: the restart must sweep its network.
+    for pid in sandbox_pids(&server.instance, &gone.id) {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid).expect("a pid"),
+            rustix::process::Signal::KILL,
+        );
+    }
+    // A veth of this server that no sandbox owns, as a crash mid-create leaves.
+    let stray = format!("{}ffff", objects.veth_prefix);
+    let stray_peer = format!("wts{}", std::process::id() % 100_000);
+    run(&["ip", "link", "add", &stray, "type", "veth", "peer", "name", &stray_peer]);
+    server.launch().await;
+    assert!(!objects.veths().contains(&stray), "the restart swept {stray}");
+    assert_eq!(server.get(&kept.id).await.state, warren_api::SandboxState::Running);
+    assert_eq!(server.get(&gone.id).await.state, warren_api::SandboxState::Ended);
+    assert_eq!(objects.veths().len(), 1, "the dead sandbox's veth was swept: {:?}", objects.veths());
+    assert_eq!(probe(&server, &kept.id, &format!("tcp {} 80", peer.addr)).await, "tcp OK\necho OK\n");
+    assert_eq!(probe(&server, &kept.id, &format!("tcp {} 81", peer.addr)).await, "tcp EPERM\n");
+    wait_event(&server, &kept.id, SecurityEventKind::NetworkBlocked, &format!("{}:81", peer.addr)).await;
+    let (status, body) = put_network(&server, &kept.id, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(probe(&server, &kept.id, &format!("tcp {} 80", peer.addr)).await, "tcp EPERM\n");
+    server.finish().await;
+    objects.assert_gone();
+}
