@@ -176,7 +176,16 @@ impl ContainerDriver {
     async fn hand_over(&self, spec: &SandboxSpec, setup: &mut SetupChannel, undo: &mut Undo) -> Result<ProcessId> {
         setup.send(&HostSays::Build(build_spec(&undo.remains.layout, spec)?)).await?;
         let pid1 = match setup.next().await? {
-            InitSays::Pid1 { pid } => self.adopt_pid1(&undo.remains.cgroup, pid)?,
+            InitSays::Pid1 { pid } => match self.adopt_pid1(&undo.remains.cgroup, pid) {
+                Ok(pid1) => pid1,
+                // PID 1 can fail its build and exit before we look at the
+                // cgroup; then its `Failed` report (a `Setup` error) is the
+                // real answer, not the missing pid.
+                Err(not_in_sandbox) => {
+                    setup.next().await?;
+                    return Err(not_in_sandbox);
+                }
+            },
             other => return Err(spawn::unexpected("pid1", other)),
         };
         undo.remains.pid1 = Some(pid1);
