@@ -163,9 +163,15 @@ fn mount_overlay(layout: &Layout, lowers: &[OwnedFd]) -> Result<()> {
         let path = PathBuf::from(format!("/proc/self/fd/{}", lower.as_raw_fd()));
         fsconfig_set_string(fs.as_fd(), "lowerdir+", &path).map_err(|e| io_err("overlay lowerdir+", &path, e))?;
     }
-    let (upper, work) = (layout.upper(), layout.work());
-    fsconfig_set_string(fs.as_fd(), "upperdir", &upper).map_err(|e| io_err("overlay upperdir", &upper, e))?;
-    fsconfig_set_string(fs.as_fd(), "workdir", &work).map_err(|e| io_err("overlay workdir", &work, e))?;
+    // Upper and work go in by descriptor too: overlayfs shows each option
+    // as it was given in the sandbox's /proc/self/mountinfo, and a host
+    // path there would disclose the data directory's layout.
+    for (option, dir) in [("upperdir", layout.upper()), ("workdir", layout.work())] {
+        let held = rustix::fs::open(&dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| io_err("open", &dir, e))?;
+        let path = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
+        fsconfig_set_string(fs.as_fd(), option, &path).map_err(|e| io_err(option, &dir, e))?;
+    }
     fsconfig_create(fs.as_fd()).map_err(|e| io_err("create overlay for", &target, e))?;
     let mnt = fsmount(fs.as_fd(), FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::MOUNT_ATTR_NODEV)
         .map_err(|e| io_err("fsmount overlay for", &target, e))?;
