@@ -1,6 +1,6 @@
 #!/bin/sh
 # Builds Warren's default image: a Debian bookworm rootfs with python3,
-# pytest, git and a C toolchain, into DIR.
+# pytest, git and a C and C++ toolchain, into DIR.
 #
 # Usage: make-default-image.sh DIR
 #
@@ -12,7 +12,7 @@
 set -eu
 
 SUITE=bookworm
-PACKAGES=python3,python3-pytest,git,gcc,libc6-dev,ca-certificates,procps
+PACKAGES=python3,python3-pytest,git,gcc,g++,libc6-dev,ca-certificates,procps
 DEFAULT_MIRROR=http://deb.debian.org/debian
 
 die() { echo "make-default-image: $*" >&2; exit 1; }

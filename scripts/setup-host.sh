@@ -23,10 +23,28 @@ for pkg_file in xfsprogs:/usr/sbin/mkfs.xfs mount:/usr/bin/mount util-linux:/usr
     pkg=${pkg_file%%:*}; file=${pkg_file#*:}
     [ -e "$file" ] || need+=("$pkg")
 done
+# The dashboard's browser test (tests/browser) drives Debian's Chromium
+# through Python playwright, which downloads no browser of its own.
+[ -x /usr/bin/chromium ] || need+=(chromium)
+# The E2B suite makes a virtualenv per SDK version (python/e2b_tests/run.sh).
+python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
 # The benchmark's peers: its own tests (part of the suite) drive them.
 for pkg_bin in bubblewrap:/usr/bin/bwrap runc:/usr/sbin/runc crun:/usr/bin/crun; do
     pkg=${pkg_bin%%:*}; bin=${pkg_bin#*:}
     [ -x "$bin" ] || need+=("$pkg")
+done
+# The microvm backend: QEMU, a Debian cloud kernel (its modules go into
+# the guest's initramfs) and mkfs.ext4 for the writable disk.
+for pkg_file in qemu-system-x86:/usr/bin/qemu-system-x86_64 e2fsprogs:/usr/sbin/mkfs.ext4; do
+    pkg=${pkg_file%%:*}; file=${pkg_file#*:}
+    [ -e "$file" ] || need+=("$pkg")
+done
+compgen -G '/boot/vmlinuz-*-cloud-amd64' >/dev/null || need+=(linux-image-cloud-amd64)
+# The cluster state store: warren-store-etcd's build compiles etcd's protos
+# (protoc), and its tests start real etcd members (Debian's etcd-server).
+for pkg_file in protobuf-compiler:/usr/bin/protoc etcd-server:/usr/bin/etcd; do
+    pkg=${pkg_file%%:*}; file=${pkg_file#*:}
+    [ -e "$file" ] || need+=("$pkg")
 done
 if [ "${WARREN_BENCH:-0}" = 1 ]; then
     [ -x /usr/bin/hyperfine ] || need+=(hyperfine)
@@ -38,9 +56,12 @@ if [ ${#need[@]} -gt 0 ]; then
     # docker-registry's package would start a registry on :5000; the tests
     # start their own per test on loopback. Mask its unit for systemd, and
     # deny service starts for the install where no policy exists yet.
-    if [[ " ${need[*]} " == *" docker-registry "* ]]; then
+    # etcd-server's package likewise starts a member on :2379; the tests run
+    # their own clusters on free loopback ports.
+    if [[ " ${need[*]} " == *" docker-registry "* || " ${need[*]} " == *" etcd-server "* ]]; then
         mkdir -p /etc/systemd/system
         [ -e /etc/systemd/system/docker-registry.service ] || ln -s /dev/null /etc/systemd/system/docker-registry.service
+        [ -e /etc/systemd/system/etcd.service ] || ln -s /dev/null /etc/systemd/system/etcd.service
         if [ ! -e /usr/sbin/policy-rc.d ]; then
             printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d
             warren_policy_rc=1

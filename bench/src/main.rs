@@ -17,6 +17,7 @@ mod error;
 mod harness;
 mod host;
 mod oci;
+mod pause;
 mod peers;
 mod report;
 mod results;

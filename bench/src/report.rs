@@ -291,6 +291,10 @@ fn details(out: &mut String, c: &Contender, nproc: usize) {
             latency_row(out, &format!("- {}", part.name), &part.latencies, nproc, part.own_cpu);
         }
     }
+    // Measures of one contender only, shown by their steps (pause and resume).
+    for part in c.parts.iter().filter(|p| p.name.starts_with("pause")) {
+        latency_row(out, &format!("- {}", part.name), &part.latencies, nproc, part.own_cpu);
+    }
     sustained_row(out, &c.sustained, nproc);
     out.push('\n');
     idle_section(out, &c.idle, nproc);

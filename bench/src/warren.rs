@@ -214,6 +214,27 @@ impl Client {
         self.call("delete", self.req(Method::DELETE, &format!("/v1/sandboxes/{id}")))
     }
 
+    /// `POST /v1/sandboxes/{id}/pause` or `.../resume` (`verb`).
+    pub fn pause_or_resume(&self, id: &str, verb: &str) -> Result<SandboxInfo> {
+        self.call(verb, self.req(Method::POST, &format!("/v1/sandboxes/{id}/{verb}")))
+    }
+
+    /// Starts a shell `command` in the sandbox and returns once it started,
+    /// leaving it running (the server drives an exec whatever the client does).
+    pub fn start_exec(&self, id: &str, command: &str) -> Result<()> {
+        let req = ExecRequest { timeout_secs: Some(3600.0), ..ExecRequest::shell(command) };
+        let rb = self.req(Method::POST, &format!("/v1/sandboxes/{id}/exec")).json(&req);
+        self.rt.block_on(async {
+            let resp = rb.send().await.map_err(|e| BenchError::Http { op: "exec".into(), source: e })?;
+            match resp.status().is_success() {
+                true => Ok(()),
+                false => {
+                    Err(BenchError::Api { op: "exec".into(), status: resp.status().as_u16(), body: String::new() })
+                }
+            }
+        })
+    }
+
     pub fn running(&self) -> Result<Vec<SandboxInfo>> {
         let rb = self.req(Method::GET, "/v1/sandboxes").query(&[("state", "running")]);
         self.call::<SandboxList>("list", rb).map(|l| l.sandboxes)
@@ -603,6 +624,12 @@ impl Contestant for WarrenContestant {
     }
 
     fn extra(&mut self, plan: &Plan) -> Result<()> {
+        crate::progress("Warren: pause and resume");
+        let before = self.server_cpu_now();
+        let parts = crate::pause::measure(&self.client, plan)?;
+        self.count_server_cpu("pause+resume", before, plan.samples + plan.warmup);
+        self.c.parts.extend(parts);
+        self.c.commands.push(("pause".into(), crate::pause::DESCRIPTION.into()));
         crate::progress("Warren: warm pool claim+exec");
         match self.warm(plan) {
             Err(BenchError::Interrupted) => Err(BenchError::Interrupted),

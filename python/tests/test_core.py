@@ -178,3 +178,13 @@ def test_sync_and_async_have_the_same_calls(sync_cls: type, async_cls: type) -> 
     for name, _ in inspect.getmembers(async_cls, inspect.iscoroutinefunction):
         if not name.startswith("_") and name != "aclose":
             assert not inspect.iscoroutinefunction(getattr(sync_cls, name)), name
+
+
+def test_sandbox_info_carries_a_vms_accelerator() -> None:
+    base = {
+        "id": "sb-1", "backend": "microvm", "image": "i", "state": "running", "network": "none",
+        "resources": {"cpus": 1.0, "memory_mib": 256, "disk_mib": 64, "pids": 64},
+        "labels": {}, "idle_timeout_secs": 60, "lifetime_secs": 60, "created_at_ms": 1, "last_activity_at_ms": 1,
+    }
+    assert warren.SandboxInfo.from_json({**base, "accelerator": "tcg"}).accelerator == "tcg"
+    assert warren.SandboxInfo.from_json({**base, "backend": "container"}).accelerator is None

@@ -1,6 +1,7 @@
 """Broken connections: idempotent calls are retried, creates never make two
-sandboxes, exec streams resume instead of re-running, and calls that are not
-safe to resend are not resent."""
+sandboxes, exec streams resume instead of re-running, and mutating calls are
+resent with their trajectory step, so the server answers them from its log
+instead of running them twice."""
 
 from __future__ import annotations
 
@@ -65,14 +66,14 @@ def test_idempotent_calls_are_retried_after_a_reset(sb: warren.Sandbox, flaky_pr
         assert proxy.connections == 3
 
 
-def test_calls_that_are_not_idempotent_are_not_resent(sb: warren.Sandbox, flaky_proxy: ProxyFactory) -> None:
+def test_a_stepped_call_whose_answer_was_lost_is_resent_and_answered_from_the_log(
+    sb: warren.Sandbox, flaky_proxy: ProxyFactory
+) -> None:
     proxy = flaky_proxy("drop_answer")
     with warren.Client(proxy.url, retry=FAST) as client:
-        via_proxy = warren.Sandbox(sb.last_info, client)
-        with pytest.raises(warren.WarrenConnectionError):
-            via_proxy.sessions.create()
-    assert proxy.connections == 1
-    assert len(sb.sessions.list()) == 1, "the server made the session once; the client did not resend"
+        session = warren.Sandbox(sb.last_info, client).sessions.create()
+    assert proxy.connections == 2 and proxy.cut_bytes == [0], "the first answer was dropped"
+    assert [s.id for s in sb.sessions.list()] == [session.id], "the resent step made a second session"
 
 
 def test_retries_are_bounded(sb: warren.Sandbox, flaky_proxy: ProxyFactory) -> None:
@@ -109,14 +110,15 @@ async def test_a_cut_async_exec_stream_resumes_without_running_the_command_again
         assert await sb.files.read_text("/tmp/runs") == "run\n"
 
 
-def test_an_exec_whose_connection_breaks_before_it_started_is_not_resent(
+def test_an_exec_whose_answer_was_lost_before_it_started_runs_once(
     sb: warren.Sandbox, flaky_proxy: ProxyFactory
 ) -> None:
     proxy = flaky_proxy("drop_answer")
     with warren.Client(proxy.url, retry=FAST) as client:
-        with pytest.raises(warren.WarrenConnectionError):
-            warren.Sandbox(sb.last_info, client).exec(COUNTED)
-    assert proxy.connections == 1
+        result = warren.Sandbox(sb.last_info, client).exec(COUNTED)
+    assert proxy.connections == 2, "resent with its step"
+    assert result.ok and result.stdout == EXPECTED_OUT
+    assert sb.files.read_text("/tmp/runs") == "run\n", "the resent step ran the command again"
 
 
 def test_an_interrupted_download_starts_over(sb: warren.Sandbox, flaky_proxy: ProxyFactory, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -127,3 +129,21 @@ def test_an_interrupted_download_starts_over(sb: warren.Sandbox, flaky_proxy: Pr
         n = warren.Sandbox(sb.last_info, client).files.download("/tmp/blob", tmp_path / "blob")
     assert n == len(payload) and (tmp_path / "blob").read_bytes() == payload
     assert proxy.connections == 2 and not (tmp_path / "blob.warren-part").exists()
+
+
+@pytest.mark.parametrize("fault", ["drop_answer", "cut:300"])
+def test_a_broken_batch_is_resent_and_makes_no_extra_sandboxes(
+    url: str, flaky_proxy: ProxyFactory, label: dict[str, str], fault: str
+) -> None:
+    proxy = flaky_proxy(fault)
+    with warren.Client(proxy.url, retry=FAST) as client:
+        made = warren.Sandbox.create_many(3, IMAGE, client=client, memory_mib=64, labels=label)
+        try:
+            assert proxy.connections == 2, "the broken batch was sent again"
+            assert all(isinstance(s, warren.Sandbox) for s in made), made
+            listed = warren.Sandbox.list(labels=label, url=url)
+            assert sorted(i.id for i in listed) == sorted(s.id for s in made if isinstance(s, warren.Sandbox))
+        finally:
+            for s in made:
+                if isinstance(s, warren.Sandbox):
+                    s.delete()

@@ -139,8 +139,8 @@ def test_create_many_reports_per_item_and_is_idempotent_per_batch(url: str, labe
             s.delete()
 
 
-async def test_async_create_many_runs_concurrently_bounded(url: str, label: dict[str, str]) -> None:
-    made = await warren.AsyncSandbox.create_many(6, IMAGE, url=url, memory_mib=64, labels=label, concurrency=3)
+async def test_async_create_many_makes_every_item(url: str, label: dict[str, str]) -> None:
+    made = await warren.AsyncSandbox.create_many(6, IMAGE, url=url, memory_mib=64, labels=label)
     sandboxes = [s for s in made if isinstance(s, warren.AsyncSandbox)]
     assert len(sandboxes) == 6, made
     results = await asyncio.gather(*(s.exec(f"echo {i}") for i, s in enumerate(sandboxes)))
@@ -151,7 +151,7 @@ async def test_async_create_many_runs_concurrently_bounded(url: str, label: dict
 
 async def test_many_sandboxes_share_one_client_concurrently(url: str, label: dict[str, str]) -> None:
     n = 128
-    made = await warren.AsyncSandbox.create_many(n, IMAGE, url=url, memory_mib=32, labels=label, concurrency=16)
+    made = await warren.AsyncSandbox.create_many(n, IMAGE, url=url, memory_mib=32, labels=label)
     sandboxes = [s for s in made if isinstance(s, warren.AsyncSandbox)]
     try:
         assert len(sandboxes) == n, [e for e in made if not isinstance(e, warren.AsyncSandbox)]

@@ -42,6 +42,13 @@ RECORDS = [
     warren.Output,
     warren.Gap,
     warren.End,
+    warren.Trajectory,
+    warren.TrajectoryStep,
+    warren.StepResult,
+    warren.ReplayReport,
+    warren.ReplayStep,
+    warren.FunctionResult,
+    warren.FunctionTimings,
 ]
 ENUMS = [warren.ExecStatus, warren.SandboxState, warren.EndReason, warren.Backend, warren.NetworkMode]
 

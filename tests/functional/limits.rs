@@ -160,3 +160,58 @@ async fn a_sandbox_with_its_pids_exhausted_is_busy_not_dead() {
     assert_eq!(server.get(&sb.id).await.state, SandboxState::Running);
     server.finish().await;
 }
+
+/// The node agent is protected from its sandboxes: all of them together are
+/// capped below the host's memory and pid space, and the OOM killer picks
+/// any sandbox command (then any sandbox's PID 1) before the agent.
+#[tokio::test]
+async fn the_node_agent_keeps_a_reserve_and_is_the_oom_killers_last_choice() {
+    let server = TestServer::start().await;
+    let sb = server.create(small(json!({}))).await;
+    let read = |path: String| fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}")).trim().to_string();
+    let number = |path: String| read(path.clone()).parse::<u64>().unwrap_or_else(|e| panic!("{path}: {e}"));
+
+    let mem_total = read("/proc/meminfo".into())
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:").map(|v| v.trim().trim_end_matches("kB").trim().to_string()))
+        .expect("MemTotal")
+        .parse::<u64>()
+        .expect("MemTotal in kB")
+        * 1024;
+    let instance_memory = number(format!("/sys/fs/cgroup/memory/{}/memory.limit_in_bytes", server.instance));
+    assert!(instance_memory < mem_total, "sandboxes together may use {instance_memory} of {mem_total} bytes");
+    assert!(instance_memory > mem_total / 2, "the reserve is a small part: {instance_memory} of {mem_total}");
+    let pid_max = number("/proc/sys/kernel/pid_max".into());
+    let instance_pids = number(format!("/sys/fs/cgroup/pids/{}/pids.max", server.instance));
+    assert!(instance_pids < pid_max, "sandboxes together may use {instance_pids} of {pid_max} pids");
+
+    let agent = server.server_pid().expect("the server runs");
+    let pid1 = sandbox_pid1(&server.instance, &sb.id).expect("the sandbox's PID 1");
+    let score = |pid: String| read(format!("/proc/{pid}/oom_score_adj")).parse::<i32>().expect("oom_score_adj");
+    let (agent_score, pid1_score) = (score(agent.to_string()), score(pid1.to_string()));
+    let command_score: i32 =
+        server.sh_ok(&sb.id, "cat /proc/self/oom_score_adj").await.trim().parse().expect("a number");
+    if has_cap_sys_resource() {
+        assert!(
+            agent_score < pid1_score && pid1_score < command_score,
+            "OOM order must be command ({command_score}) > PID 1 ({pid1_score}) > agent ({agent_score})"
+        );
+    } else {
+        eprintln!(
+            "WARNING: this root lacks CAP_SYS_RESOURCE, so no OOM score can be lowered: checking only that the \
+             agent ({agent_score}) is not above PID 1 ({pid1_score}) nor PID 1 above a command ({command_score})"
+        );
+        assert!(agent_score <= pid1_score && pid1_score <= command_score);
+    }
+    server.finish().await;
+}
+
+/// CAP_SYS_RESOURCE (bit 24) in this process's effective set.
+fn has_cap_sys_resource() -> bool {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << 24) != 0)
+}

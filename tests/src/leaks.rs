@@ -31,7 +31,7 @@ impl Leaks {
             mounts: mounts_under(data_dir),
             cgroup_dirs: sandbox_cgroup_dirs(instance),
             processes: instance_processes(instance),
-            run_entries: dir_entries(&data_dir.join("run")),
+            run_entries: [dir_entries(&data_dir.join("run")), vm_run_entries(data_dir)].concat(),
         }
     }
 
@@ -87,9 +87,26 @@ fn unescape_mountinfo(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// `/sys/fs/cgroup/<hierarchy>/<instance>` for every hierarchy that has it.
+/// `/sys/fs/cgroup/<hierarchy>/<instance>` (and the microVM driver's
+/// `<instance>-vm`) for every hierarchy that has it.
 pub fn instance_cgroup_dirs(instance: &str) -> Vec<PathBuf> {
-    dir_entries(Path::new(CGROUP_ROOT)).into_iter().map(|h| h.join(instance)).filter(|d| d.is_dir()).collect()
+    let names = [instance.to_string(), vm_instance(instance)];
+    dir_entries(Path::new(CGROUP_ROOT))
+        .into_iter()
+        .flat_map(|h| names.iter().map(move |n| h.join(n)))
+        .filter(|d| d.is_dir())
+        .collect()
+}
+
+/// The microVM driver's cgroup instance: its QEMU processes live there.
+pub fn vm_instance(instance: &str) -> String {
+    format!("{instance}-vm")
+}
+
+/// Sandbox directories of the microVM driver (its caches start with a dot).
+pub fn vm_run_entries(data_dir: &Path) -> Vec<PathBuf> {
+    let hidden = |p: &PathBuf| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
+    dir_entries(&data_dir.join("vm")).into_iter().filter(|p| !hidden(p)).collect()
 }
 
 /// The per-sandbox directories below the instance's directories.
@@ -117,7 +134,7 @@ pub fn instance_processes(instance: &str) -> Vec<(i32, String)> {
         let in_instance = cgroups
             .lines()
             .filter_map(|l| l.splitn(3, ':').nth(2))
-            .any(|path| path.split('/').any(|component| component == instance));
+            .any(|path| path.split('/').any(|component| component == instance || component == vm_instance(instance)));
         if in_instance && !is_zombie(pid) {
             out.push((pid, cmdline(pid)));
         }

@@ -36,6 +36,12 @@ pub enum ErrorCode {
     /// the same request may succeed once its processes end. `field` names
     /// the limit.
     LimitReached,
+    /// Every worker is busy and the admission queue is full: retry later.
+    /// For sandbox creates the body is a `QueueFullError` with `queue_limit`.
+    QueueFull,
+    /// The call's trajectory step is logged with a different request;
+    /// `divergence` has the step and both hashes.
+    TrajectoryDiverged,
     Internal,
 }
 
@@ -46,9 +52,12 @@ impl ErrorCode {
             ErrorCode::UnsupportedBackend | ErrorCode::Unsupported => 501,
             ErrorCode::NotFound | ErrorCode::FileNotFound | ErrorCode::ImageNotFound => 404,
             ErrorCode::SandboxEnded => 410,
-            ErrorCode::IdempotencyConflict | ErrorCode::FileConflict | ErrorCode::ImageInUse => 409,
+            ErrorCode::IdempotencyConflict
+            | ErrorCode::FileConflict
+            | ErrorCode::ImageInUse
+            | ErrorCode::TrajectoryDiverged => 409,
             ErrorCode::CapacityExceeded => 503,
-            ErrorCode::LimitReached => 429,
+            ErrorCode::LimitReached | ErrorCode::QueueFull => 429,
             ErrorCode::NoSpace => 507,
             ErrorCode::RegistryUnavailable => 502,
             ErrorCode::Internal => 500,
@@ -65,14 +74,22 @@ pub struct ApiError {
     /// The request field (dotted path) the error is about, when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+    /// Present with `trajectory_diverged`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub divergence: Option<crate::trajectory::TrajectoryDivergence>,
 }
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        ApiError { code, message: message.into(), field: None }
+        ApiError { code, message: message.into(), field: None, divergence: None }
     }
 
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
-        ApiError { code: ErrorCode::InvalidRequest, message: message.into(), field: Some(field.into()) }
+        ApiError {
+            code: ErrorCode::InvalidRequest,
+            message: message.into(),
+            field: Some(field.into()),
+            divergence: None,
+        }
     }
 }

@@ -107,7 +107,7 @@ pub enum StreamName {
     Stderr,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ExecStatus {
     Running,
@@ -190,6 +190,13 @@ pub struct ResumeQuery {
     pub stdout_offset: u64,
     #[serde(default)]
     pub stderr_offset: u64,
+}
+
+/// `GET /v1/sandboxes/{id}/exec`: the sandbox's execs by start time,
+/// without their output (fetch one exec for that).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ExecList {
+    pub execs: Vec<ExecResult>,
 }
 
 #[cfg(test)]

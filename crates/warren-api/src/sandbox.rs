@@ -256,6 +256,10 @@ pub enum SandboxState {
     /// Being made; bounded by the create deadline.
     Creating,
     Running,
+    /// Frozen by `POST .../pause`: its processes make no progress; the next
+    /// request that needs them (exec, session, files, events) resumes it.
+    /// The lifetime keeps counting, the idle timeout does not.
+    Paused,
     /// Being torn down; bounded by the teardown deadline.
     Ending,
     /// Gone; `end_reason` says why.
@@ -263,7 +267,7 @@ pub enum SandboxState {
 }
 
 /// Why a sandbox ended. Every ended sandbox has exactly one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EndReason {
     /// A client deleted it.
@@ -362,6 +366,19 @@ pub struct SandboxInfo {
     pub from_pool: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// VM backends: what runs the guest's CPU (`tcg` where KVM cannot run
+    /// this guest, as on a host whose own KVM is paravirtual).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accelerator: Option<Accelerator>,
+}
+
+/// How a VM sandbox's guest runs: hardware virtualization (`kvm`) or
+/// QEMU's instruction translator (`tcg`, many times slower).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Accelerator {
+    Kvm,
+    Tcg,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

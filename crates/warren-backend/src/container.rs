@@ -11,7 +11,7 @@
 //! 65536-id range; nothing is killed without checking the pid's start time;
 //! a failed create leaves nothing behind.
 
-mod channel;
+pub(crate) mod channel;
 mod rootfs;
 mod run_dir;
 mod snapshot;
@@ -46,6 +46,9 @@ use crate::{
 /// Nothing stays "creating" longer than this.
 const SETUP_DEADLINE: Duration = Duration::from_secs(30);
 const PING_TIMEOUT: Duration = Duration::from_secs(2);
+/// A freeze waits for every task to reach a freezable point; one stuck in
+/// an uninterruptible sleep (disk I/O) may take a while.
+const PAUSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// PID 1's `oom_score_adj`: the OOM killer takes the sandbox's commands
 /// before its init. Init resets it to 0 for the commands it starts.
 const PID1_OOM_SCORE_ADJ: &str = "-998";
@@ -285,7 +288,11 @@ impl Driver for ContainerDriver {
 
     async fn probe(&self, handle: &SandboxHandle) -> Liveness {
         let Ok(state) = self.state(handle) else { return Liveness::Dead { oom: false } };
-        if state.pid1.is_running() && channel::ping(&self.layout(&handle.id).ctl_sock(), PING_TIMEOUT).await {
+        // A frozen init cannot answer a ping; its being there is all a paused sandbox can show.
+        let frozen = || self.cgroup(&handle.id).is_ok_and(|cg| cg.is_frozen());
+        if state.pid1.is_running()
+            && (frozen() || channel::ping(&self.layout(&handle.id).ctl_sock(), PING_TIMEOUT).await)
+        {
             return Liveness::Alive;
         }
         let oom = self.cgroup(&handle.id).and_then(|cg| cg.oom_kills().map_err(cgroup_err)).is_ok_and(|n| n > 0);
@@ -355,6 +362,16 @@ impl Driver for ContainerDriver {
         let state = self.state(handle)?;
         let cgroup = self.cgroup(&handle.id)?;
         snapshot::snapshot(&self.layout(&handle.id), &cgroup, state.uid_base, dest, scrub)
+    }
+
+    fn pause(&self, handle: &SandboxHandle) -> Result<()> {
+        let _ = self.state(handle)?;
+        self.cgroup(&handle.id)?.pause(PAUSE_TIMEOUT).map_err(cgroup_err)
+    }
+
+    fn resume(&self, handle: &SandboxHandle) -> Result<()> {
+        let _ = self.state(handle)?;
+        self.cgroup(&handle.id)?.resume().map_err(cgroup_err)
     }
 
     async fn release(&self) -> Result<()> {

@@ -1,4 +1,4 @@
-//! The file API (stat, list, read, write, mkdir, remove) of a sandbox, served
+//! The file API (stat, list, read, write, mkdir, remove, rename) of a sandbox, served
 //! from the host on a directory fd of the sandbox's root filesystem.
 //!
 //! The sandbox is hostile: it plants symlinks (absolute, relative, `..`
@@ -16,6 +16,7 @@ mod inspect;
 mod mkdir;
 mod path;
 mod remove;
+mod rename;
 mod resolve;
 mod write;
 
@@ -23,6 +24,7 @@ pub use inspect::{list, open_read, stat};
 pub use mkdir::mkdir;
 pub use path::MAX_PATH_BYTES;
 pub use remove::{remove, MAX_REMOVE_DEPTH};
+pub use rename::rename;
 pub use write::{create_write, FileWriter};
 
 /// What went wrong, in terms a caller can answer with an HTTP status.

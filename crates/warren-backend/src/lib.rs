@@ -10,6 +10,7 @@
 
 pub mod container;
 pub mod files;
+pub mod microvm;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -197,6 +198,12 @@ pub trait Driver: Send + Sync {
         Err(BackendError::Unsupported(self.backend().as_str(), "egress networking"))
     }
 
+    /// What runs a VM sandbox's guest; `None` for backends without one.
+    fn accelerator(&self, handle: &SandboxHandle) -> Option<warren_api::Accelerator> {
+        let _ = handle;
+        None
+    }
+
     /// The root to resolve file API paths in.
     fn fs_root(&self, handle: &SandboxHandle) -> Result<FsRoot> {
         let _ = handle;
@@ -212,6 +219,23 @@ pub trait Driver: Send + Sync {
     fn snapshot(&self, handle: &SandboxHandle, dest: &std::path::Path, scrub: &[String]) -> Result<()> {
         let _ = (handle, dest, scrub);
         Err(BackendError::Unsupported(self.backend().as_str(), "pack_diff"))
+    }
+
+    /// Stops every process of the sandbox where it is (pause) until
+    /// [`Driver::resume`]; its memory stays allocated. A paused sandbox must
+    /// still [`Driver::probe`] as alive (without answering pings) and be
+    /// destroyable. Blocking but short; the node calls it off the runtime.
+    fn pause(&self, handle: &SandboxHandle) -> Result<()> {
+        let _ = handle;
+        Err(BackendError::Unsupported(self.backend().as_str(), "pause"))
+    }
+
+    /// Lets a paused sandbox run again; a no-op on one that is not paused.
+    /// Must be quick: the node calls it inline when a request reaches a
+    /// paused sandbox.
+    fn resume(&self, handle: &SandboxHandle) -> Result<()> {
+        let _ = handle;
+        Err(BackendError::Unsupported(self.backend().as_str(), "resume"))
     }
 
     /// Removes every sandbox resource (mounts, cgroups, processes, dirs) of

@@ -569,3 +569,46 @@ fn symlink_swap_to_absolute_host_path_stays_inside_root() {
 fn symlink_swap_to_relative_dotdot_path_stays_inside_root() {
     race_symlink_swap(|host| PathBuf::from(format!("../../../../../../../..{}", host.display())));
 }
+
+#[test]
+fn rename_moves_files_and_dirs_and_replaces_a_file() {
+    let sb = Sandbox::new();
+    sb.upload("/a.txt", b"one", 0o644).unwrap();
+    sb.upload("/b.txt", b"two", 0o644).unwrap();
+    let moved = files::rename(&sb.fs, "/a.txt", "/c.txt").unwrap();
+    assert_eq!((moved.path.as_str(), moved.kind, moved.size_bytes), ("/c.txt", FileKind::File, 3));
+    assert!(matches!(files::stat(&sb.fs, "/a.txt"), Err(FileError::NotFound)));
+    // Like rename(2): an existing file at the destination is replaced.
+    files::rename(&sb.fs, "/c.txt", "/b.txt").unwrap();
+    assert_eq!(sb.download("/b.txt").unwrap(), b"one");
+
+    files::mkdir(&sb.fs, "/d/e", 0o755, true).unwrap();
+    sb.upload("/d/e/f", b"x", 0o644).unwrap();
+    let dir = files::rename(&sb.fs, "/d", "/g").unwrap();
+    assert_eq!(dir.kind, FileKind::Dir);
+    assert_eq!(sb.download("/g/e/f").unwrap(), b"x");
+
+    assert!(matches!(files::rename(&sb.fs, "/missing", "/x"), Err(FileError::NotFound)));
+    assert!(matches!(files::rename(&sb.fs, "/g", "/g/e/inside"), Err(FileError::Conflict(_))));
+    assert!(matches!(files::rename(&sb.fs, "/", "/x"), Err(FileError::InvalidPath(_))));
+    assert!(matches!(files::rename(&sb.fs, "/b.txt", "/"), Err(FileError::InvalidPath(_))));
+}
+
+#[test]
+fn rename_through_a_symlink_stays_inside_the_root() {
+    let sb = Sandbox::new();
+    let outside = tempfile::tempdir().unwrap();
+    fs::write(outside.path().join("secret"), b"host").unwrap();
+    // An absolute link to the host directory's path: inside the root it
+    // resolves to a directory of the sandbox, never to the host's.
+    symlink(outside.path(), sb.host("link")).unwrap();
+    sb.upload("/f", b"sandbox", 0o644).unwrap();
+    assert!(files::rename(&sb.fs, "/f", "/link/secret").is_err());
+    assert!(files::rename(&sb.fs, "/link/secret", "/stolen").is_err());
+    assert_eq!(fs::read(outside.path().join("secret")).unwrap(), b"host");
+    assert!(!sb.host("stolen").exists());
+    // A final symlink is moved itself, not its target.
+    let moved = files::rename(&sb.fs, "/link", "/link2").unwrap();
+    assert_eq!(moved.kind, FileKind::Symlink);
+    assert!(outside.path().join("secret").exists());
+}

@@ -24,7 +24,7 @@ impl From<NodeError> for HttpError {
 }
 
 fn with_field(code: ErrorCode, message: String, field: &str) -> ApiError {
-    ApiError { code, message, field: Some(field.to_string()) }
+    ApiError { code, message, field: Some(field.to_string()), divergence: None }
 }
 
 fn to_api(e: NodeError) -> ApiError {
@@ -40,6 +40,14 @@ fn to_api(e: NodeError) -> ApiError {
         NodeError::IdempotencyConflict(_) => with_field(ErrorCode::IdempotencyConflict, msg, "idempotency_key"),
         NodeError::ImageInUse(_) => with_field(ErrorCode::ImageInUse, msg, "name"),
         NodeError::Capacity(_) => ApiError::new(ErrorCode::CapacityExceeded, msg),
+        NodeError::TrajectoryDiverged(divergence) => ApiError {
+            code: ErrorCode::TrajectoryDiverged,
+            message: msg,
+            field: Some("Warren-Step".into()),
+            divergence: Some(divergence),
+        },
+        NodeError::FunctionQueueFull { .. } => with_field(ErrorCode::QueueFull, msg, "image"),
+        NodeError::AdmissionQueueFull { .. } => with_field(ErrorCode::QueueFull, msg, "queue"),
         NodeError::Backend(BackendError::Unsupported(..)) => ApiError::new(ErrorCode::Unsupported, msg),
         NodeError::Backend(BackendError::Busy(_)) => with_field(ErrorCode::LimitReached, msg, "pids"),
         NodeError::Backend(BackendError::ProgramNotFound(_)) => with_field(ErrorCode::InvalidRequest, msg, "argv"),

@@ -9,6 +9,7 @@ use warren_api::*;
 
 use crate::error::HttpError;
 use crate::extract::{ApiJson, ApiQuery};
+use crate::trajectory::{with_step, Step};
 use crate::AppState;
 
 type ApiResult<T> = Result<T, HttpError>;
@@ -40,27 +41,30 @@ pub async fn download(
 
 /// Streams the body into the file; it replaces the old one only once complete.
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/files", request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    params(("id" = String, Path), ("path" = String, Query), ("mode" = Option<String>, Query)),
+    params(("id" = String, Path), ("path" = String, Query), ("mode" = Option<String>, Query), ("Warren-Step" = Option<u64>, Header, description = "trajectory step of this call")),
     responses((status = 200, body = FileStat), (status = 400, body = ApiError), (status = 404, body = ApiError), (status = 507, body = ApiError)))]
 pub async fn upload(
     State(s): State<AppState>,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
+    Step(step): Step,
     body: Body,
-) -> ApiResult<Json<FileStat>> {
+) -> ApiResult<Response> {
     let mode = mode_of(q.mode.as_deref(), 0o644)?;
-    Ok(Json(s.node.write_file(&id, q.path, mode, body.into_data_stream()).await?))
+    let written = s.node.write_file_stepped(&id, q.path, mode, body.into_data_stream(), step).await?;
+    Ok(with_step(written.step, Json(written.value)))
 }
 
-#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", params(("id" = String, Path), ("path" = String, Query), ("recursive" = Option<bool>, Query)),
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", params(("id" = String, Path), ("path" = String, Query), ("recursive" = Option<bool>, Query), ("Warren-Step" = Option<u64>, Header, description = "trajectory step of this call")),
     responses((status = 204), (status = 404, body = ApiError), (status = 409, body = ApiError)))]
 pub async fn remove(
     State(s): State<AppState>,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
-) -> ApiResult<StatusCode> {
-    s.node.remove_file(&id, q.path, q.recursive).await?;
-    Ok(StatusCode::NO_CONTENT)
+    Step(step): Step,
+) -> ApiResult<Response> {
+    let removed = s.node.remove_file_stepped(&id, q.path, q.recursive, step).await?;
+    Ok(with_step(removed.step, StatusCode::NO_CONTENT))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", params(("id" = String, Path), ("path" = String, Query)),
@@ -83,13 +87,15 @@ pub async fn list(
     Ok(Json(s.node.list_dir(&id, q.path).await?))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", request_body = MkdirRequest, params(("id" = String, Path)),
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", request_body = MkdirRequest, params(("id" = String, Path), ("Warren-Step" = Option<u64>, Header, description = "trajectory step of this call")),
     responses((status = 201, body = FileStat), (status = 400, body = ApiError), (status = 409, body = ApiError)))]
 pub async fn mkdir(
     State(s): State<AppState>,
     Path(id): Path<String>,
+    Step(step): Step,
     ApiJson(req): ApiJson<MkdirRequest>,
-) -> ApiResult<(StatusCode, Json<FileStat>)> {
+) -> ApiResult<Response> {
     let mode = mode_of(req.mode.as_deref(), 0o755)?;
-    Ok((StatusCode::CREATED, Json(s.node.mkdir(&id, req.path, mode, req.parents).await?)))
+    let made = s.node.mkdir_stepped(&id, req.path, mode, req.parents, step).await?;
+    Ok(with_step(made.step, (StatusCode::CREATED, Json(made.value))))
 }

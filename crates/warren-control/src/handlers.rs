@@ -16,6 +16,7 @@ use warren_api::*;
 
 use crate::error::HttpError;
 use crate::extract::{ApiJson, ApiQuery};
+use crate::trajectory::{with_step, Step};
 use crate::AppState;
 
 type ApiResult<T> = Result<T, HttpError>;
@@ -106,17 +107,7 @@ pub async fn import_image_tar(
 
 // ---- sandboxes ---------------------------------------------------------------
 
-#[utoipa::path(post, path = "/v1/sandboxes", request_body = CreateSandboxRequest,
-    responses((status = 201, description = "made", body = SandboxInfo),
-        (status = 200, description = "an earlier call with this idempotency key made it", body = SandboxInfo),
-        (status = 400, body = ApiError), (status = 409, body = ApiError), (status = 501, body = ApiError), (status = 503, body = ApiError)))]
-pub async fn create_sandbox(
-    State(s): State<AppState>,
-    ApiJson(req): ApiJson<CreateSandboxRequest>,
-) -> ApiResult<(StatusCode, Json<SandboxInfo>)> {
-    let (info, made) = s.node.create(req).await?;
-    Ok((if made { StatusCode::CREATED } else { StatusCode::OK }, Json(info)))
-}
+// `POST /v1/sandboxes` (with its admission queue) is in `batch.rs`.
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -167,27 +158,31 @@ pub async fn pack_sandbox(
 /// Switch phase: later execs run under the phase's protected paths (and
 /// its egress policy); by default every process of earlier phases is
 /// killed first.
-#[utoipa::path(put, path = "/v1/sandboxes/{id}/phase", request_body = SetPhaseRequest, params(("id" = String, Path)),
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/phase", request_body = SetPhaseRequest, params(("id" = String, Path), ("Warren-Step" = Option<u64>, Header, description = "trajectory step of this call")),
     responses((status = 200, body = SandboxInfo), (status = 400, body = ApiError), (status = 404, body = ApiError), (status = 410, body = ApiError)))]
 pub async fn set_phase(
     State(s): State<AppState>,
     Path(id): Path<String>,
+    Step(step): Step,
     ApiJson(req): ApiJson<SetPhaseRequest>,
-) -> ApiResult<Json<SandboxInfo>> {
-    Ok(Json(s.node.set_phase(&id, req).await?))
+) -> ApiResult<Response> {
+    let done = s.node.set_phase_stepped(&id, req, step).await?;
+    Ok(with_step(done.step, Json(done.value)))
 }
 
 /// Replace the egress policy of an `allowlist` sandbox, live: the next
 /// connection or datagram of any of its sockets is judged by the new policy,
 /// and packets of connections to destinations no longer allowed are dropped.
-#[utoipa::path(put, path = "/v1/sandboxes/{id}/network", request_body = warren_api::NetworkPolicy, params(("id" = String, Path)),
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/network", request_body = warren_api::NetworkPolicy, params(("id" = String, Path), ("Warren-Step" = Option<u64>, Header, description = "trajectory step of this call")),
     responses((status = 200, body = SandboxInfo), (status = 400, body = ApiError), (status = 404, body = ApiError), (status = 410, body = ApiError)))]
 pub async fn set_network(
     State(s): State<AppState>,
     Path(id): Path<String>,
+    Step(step): Step,
     ApiJson(policy): ApiJson<warren_api::NetworkPolicy>,
-) -> ApiResult<Json<SandboxInfo>> {
-    Ok(Json(s.node.apply_network_policy(&id, &policy).await?))
+) -> ApiResult<Response> {
+    let done = s.node.set_network_stepped(&id, policy, step).await?;
+    Ok(with_step(done.step, Json(done.value)))
 }
 
 // ---- exec --------------------------------------------------------------------
@@ -200,7 +195,7 @@ pub struct ExecQuery {
     pub wait: bool,
 }
 
-fn ndjson(frames: impl Stream<Item = ExecFrame> + Send + 'static) -> Response {
+pub(crate) fn ndjson(frames: impl Stream<Item = ExecFrame> + Send + 'static) -> Response {
     let body = frames.map(|f| {
         let mut line = serde_json::to_vec(&f).unwrap_or_else(|_| b"{}".to_vec());
         line.push(b'\n');
@@ -209,7 +204,7 @@ fn ndjson(frames: impl Stream<Item = ExecFrame> + Send + 'static) -> Response {
     ([(header::CONTENT_TYPE, NDJSON)], Body::from_stream(body)).into_response()
 }
 
-async fn exec_answer(entry: std::sync::Arc<warren_node::ExecEntry>, wait: bool) -> ApiResult<Response> {
+pub(crate) async fn exec_answer(entry: std::sync::Arc<warren_node::ExecEntry>, wait: bool) -> ApiResult<Response> {
     if wait {
         let mut frames = std::pin::pin!(entry.stream(u64::MAX, u64::MAX, None));
         while frames.next().await.is_some() {}
@@ -220,17 +215,18 @@ async fn exec_answer(entry: std::sync::Arc<warren_node::ExecEntry>, wait: bool) 
 }
 
 /// Streams NDJSON [`ExecFrame`]s: `started`, `output`/`gap`, then `end`.
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", request_body = ExecRequest, params(("id" = String, Path), ExecQuery),
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", request_body = ExecRequest, params(("id" = String, Path), ExecQuery, ("Warren-Step" = Option<u64>, Header, description = "trajectory step of this call")),
     responses((status = 200, description = "NDJSON stream of ExecFrame (or ExecResult with ?wait=true)", body = ExecFrame, content_type = "application/x-ndjson"),
         (status = 400, body = ApiError), (status = 404, body = ApiError), (status = 410, body = ApiError)))]
 pub async fn start_exec(
     State(s): State<AppState>,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<ExecQuery>,
+    Step(step): Step,
     ApiJson(req): ApiJson<ExecRequest>,
 ) -> ApiResult<Response> {
-    let entry = s.node.exec(&id, req, None).await?;
-    exec_answer(entry, q.wait).await
+    let answer = s.node.exec_stepped(&id, req, None, step).await?;
+    crate::trajectory::exec_answer(answer, q.wait).await
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/exec/{exec_id}", params(("id" = String, Path), ("exec_id" = String, Path)),
@@ -276,14 +272,16 @@ pub async fn list_events(
 
 // ---- sessions ------------------------------------------------------------------
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/sessions", request_body = CreateSessionRequest, params(("id" = String, Path)),
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/sessions", request_body = CreateSessionRequest, params(("id" = String, Path), ("Warren-Step" = Option<u64>, Header, description = "trajectory step of this call")),
     responses((status = 201, body = SessionInfo), (status = 400, body = ApiError), (status = 404, body = ApiError)))]
 pub async fn create_session(
     State(s): State<AppState>,
     Path(id): Path<String>,
+    Step(step): Step,
     ApiJson(req): ApiJson<CreateSessionRequest>,
-) -> ApiResult<(StatusCode, Json<SessionInfo>)> {
-    Ok((StatusCode::CREATED, Json(s.node.create_session(&id, req)?)))
+) -> ApiResult<Response> {
+    let made = s.node.create_session_stepped(&id, req, step).await?;
+    Ok(with_step(made.step, (StatusCode::CREATED, Json(made.value))))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/sessions", params(("id" = String, Path)), responses((status = 200, body = SessionList)))]
@@ -303,14 +301,15 @@ pub async fn delete_session(
 
 /// Runs a shell command in the session: its cwd and exports carry over to the next.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/sessions/{sid}/exec", request_body = ExecRequest,
-    params(("id" = String, Path), ("sid" = String, Path), ExecQuery),
+    params(("id" = String, Path), ("sid" = String, Path), ExecQuery, ("Warren-Step" = Option<u64>, Header, description = "trajectory step of this call")),
     responses((status = 200, description = "as for exec", body = ExecFrame, content_type = "application/x-ndjson"), (status = 400, body = ApiError), (status = 404, body = ApiError)))]
 pub async fn session_exec(
     State(s): State<AppState>,
     Path((id, sid)): Path<(String, String)>,
     ApiQuery(q): ApiQuery<ExecQuery>,
+    Step(step): Step,
     ApiJson(req): ApiJson<ExecRequest>,
 ) -> ApiResult<Response> {
-    let entry = s.node.exec(&id, req, Some(&sid)).await?;
-    exec_answer(entry, q.wait).await
+    let answer = s.node.exec_stepped(&id, req, Some(&sid), step).await?;
+    crate::trajectory::exec_answer(answer, q.wait).await
 }

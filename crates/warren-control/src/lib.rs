@@ -2,16 +2,23 @@
 //!
 //! Owns: routes, request parsing (every rejection names the field), the one
 //! mapping from internal errors to HTTP codes, NDJSON streaming, and the
-//! OpenAPI document. In the embedded mode it talks to one in-process node.
+//! OpenAPI document; `GET /metrics` (the node's registry as Prometheus text)
+//! and the `/ui` dashboard, whose static assets are compiled in. In the
+//! embedded mode it talks to one in-process node.
 //! Never: holds sandbox state of its own, or reaches past the node to a
 //! backend.
 
+mod batch;
 mod error;
 mod extract;
 mod files;
+mod functions;
 mod handlers;
 mod images;
+mod metrics;
 pub mod openapi;
+mod trajectory;
+mod ui;
 
 use std::future::Future;
 
@@ -20,6 +27,7 @@ use axum::Router;
 use warren_node::Node;
 
 pub use error::HttpError;
+pub use warren_e2b::E2bConfig;
 
 #[derive(Clone)]
 pub struct AppState {
@@ -31,6 +39,12 @@ pub fn router(node: Node) -> Router {
     use handlers::*;
     Router::new()
         .route("/v1/health", get(health))
+        .route("/v1/stats", get(metrics::stats))
+        .route("/metrics", get(metrics::metrics))
+        .route("/ui", get(ui::index))
+        .route("/ui/", get(ui::index))
+        .route("/ui/app.js", get(ui::app_js))
+        .route("/ui/style.css", get(ui::style_css))
         .route("/v1/openapi.json", get(openapi_json))
         .route("/v1/images", get(list_images).post(import_image_dir))
         .route("/v1/images/stats", get(image_stats))
@@ -40,13 +54,21 @@ pub fn router(node: Node) -> Router {
         .route("/v1/images/{name}", get(images::inspect_image).delete(images::remove_image))
         .route("/v1/images/{name}/push", post(images::push_image))
         .route("/v1/images/{name}/tar", axum::routing::put(import_image_tar))
-        .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
+        .route("/v1/capacity", get(batch::capacity))
+        .route("/v1/sandboxes", post(batch::create_sandbox).get(list_sandboxes))
+        .route("/v1/sandboxes/batch", post(batch::create_batch))
+        .route("/v1/sandboxes/{id}/pause", post(batch::pause_sandbox))
+        .route("/v1/sandboxes/{id}/resume", post(batch::resume_sandbox))
+        .route("/v1/functions/run", post(functions::run_function))
+        .route("/v1/functions/pools", get(functions::list_function_pools))
         .route("/v1/sandboxes/{id}", get(get_sandbox).delete(delete_sandbox))
         .route("/v1/sandboxes/{id}/pack", post(pack_sandbox))
         .route("/v1/sandboxes/{id}/phase", axum::routing::put(set_phase))
         .route("/v1/sandboxes/{id}/network", axum::routing::put(set_network))
         .route("/v1/sandboxes/{id}/events", get(list_events))
-        .route("/v1/sandboxes/{id}/exec", post(start_exec))
+        .route("/v1/sandboxes/{id}/trajectory", get(trajectory::get_trajectory))
+        .route("/v1/sandboxes/{id}/trajectory/replay", post(trajectory::replay_trajectory))
+        .route("/v1/sandboxes/{id}/exec", post(start_exec).get(metrics::list_execs))
         .route("/v1/sandboxes/{id}/exec/{exec_id}", get(get_exec))
         .route("/v1/sandboxes/{id}/exec/{exec_id}/stream", get(resume_exec))
         .route("/v1/sandboxes/{id}/exec/{exec_id}/kill", post(kill_exec))
@@ -68,4 +90,20 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     axum::serve(listener, router(node)).with_graceful_shutdown(shutdown).await
+}
+
+/// The v1 router plus the E2B-compatible control API and envd routes
+/// (`warren-e2b`; none of them starts with `/v1/`).
+pub fn router_with_e2b(node: Node, e2b: E2bConfig) -> Router {
+    router(node.clone()).merge(warren_e2b::router(node, e2b))
+}
+
+/// [`serve`] with the E2B-compatible routes on the same listener.
+pub async fn serve_with_e2b(
+    listener: tokio::net::TcpListener,
+    node: Node,
+    e2b: E2bConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router_with_e2b(node, e2b)).with_graceful_shutdown(shutdown).await
 }

@@ -3,13 +3,14 @@
 
 use utoipa::OpenApi;
 
-use crate::{files, handlers, images};
+use crate::{batch, files, functions, handlers, images, metrics, trajectory};
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Sandboxes for training and evaluating AI agents."),
     paths(
         handlers::health,
+        metrics::stats,
         handlers::list_images,
         handlers::image_stats,
         handlers::import_image_dir,
@@ -20,7 +21,11 @@ use crate::{files, handlers, images};
         images::remove_image,
         images::compose_image,
         images::gc_images,
-        handlers::create_sandbox,
+        batch::create_sandbox,
+        batch::create_batch,
+        batch::pause_sandbox,
+        batch::resume_sandbox,
+        batch::capacity,
         handlers::list_sandboxes,
         handlers::pack_sandbox,
         handlers::set_phase,
@@ -29,6 +34,7 @@ use crate::{files, handlers, images};
         handlers::get_sandbox,
         handlers::delete_sandbox,
         handlers::start_exec,
+        metrics::list_execs,
         handlers::get_exec,
         handlers::resume_exec,
         handlers::kill_exec,
@@ -36,14 +42,18 @@ use crate::{files, handlers, images};
         handlers::list_sessions,
         handlers::delete_session,
         handlers::session_exec,
+        functions::run_function,
+        functions::list_function_pools,
         files::download,
         files::upload,
         files::remove,
         files::stat,
         files::list,
         files::mkdir,
+        trajectory::get_trajectory,
+        trajectory::replay_trajectory,
     ),
-    components(schemas(warren_api::ExecFrame, warren_api::ErrorCode))
+    components(schemas(warren_api::ExecFrame, warren_api::ErrorCode, warren_api::BatchFrame))
 )]
 pub struct ApiDoc;
 

@@ -4,7 +4,8 @@
 //! security events), which files each phase may reach and which signals and
 //! abstract sockets it may use (the Landlock ruleset), and the cgroups that
 //! bound it (v1 controllers where this host has them, plus a cgroup2
-//! directory that later carries eBPF programs).
+//! directory that later carries eBPF programs), and the reserve a node keeps
+//! back from all its sandboxes together.
 //!
 //! Invariant: a profile only ever tightens.
 //! Never: executes anything from a sandbox's image.
@@ -12,4 +13,5 @@
 pub mod cgroup;
 pub mod landlock;
 pub mod profile;
+pub mod reserve;
 pub mod seccomp;

@@ -200,6 +200,8 @@ struct Pump {
     reaped: Option<ExitReport>,
     killed: bool,
     scratch: Vec<u8>,
+    /// The guest kernel's OOM kill count when the exec started (microVMs only).
+    oom_kills_before: Option<u64>,
 }
 
 /// Which descriptor each `PollFd` slot is.
@@ -238,6 +240,7 @@ impl Pump {
             reaped: None,
             killed: false,
             scratch: vec![0u8; CHUNK_BYTES],
+            oom_kills_before: crate::vm::oom_kills(),
         };
         if pump.set_nonblocking().is_err() {
             // Without non-blocking descriptors the loop could hang on one
@@ -561,6 +564,7 @@ impl Pump {
             cpu_system_us: report.cpu_system_us,
             max_rss_bytes: report.max_rss_bytes,
             session_state,
+            oom_killed: self.oom_kills_before.and_then(|before| crate::vm::oom_kills().map(|now| now > before)),
         };
         let _ = proto::write_json(&mut self.out, FrameKind::Response, &Response::Exited(exited));
         if self.conn.set_nonblocking(false).is_ok() {

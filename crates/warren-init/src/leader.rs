@@ -52,6 +52,14 @@ use crate::sys;
 
 /// `argv[1]` that selects leader mode.
 pub const LEADER_ARG: &str = "phase-leader";
+/// Set once by a microVM's init before any leader starts (see
+/// [`LANDLOCK_OPTIONAL_ENV`]); never by a container's.
+pub static LANDLOCK_OPTIONAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Tells a leader that a phase without protected paths may run without a
+/// Landlock domain when the kernel lacks the required ABI: a microVM's
+/// guest kernel (Debian 6.1) predates it, and the VM itself is the
+/// sandbox's boundary. A phase *with* protected paths is still refused.
+const LANDLOCK_OPTIONAL_ENV: &str = "WARREN_LANDLOCK_OPTIONAL";
 /// In the leader: its end of the channel to PID 1.
 const CHANNEL_FD: RawFd = 3;
 /// In the leader: init's own binary (sessions exec it in report-state mode).
@@ -157,6 +165,7 @@ impl Leader {
             .arg0("warren-init")
             .arg(LEADER_ARG)
             .env_clear()
+            .envs(LANDLOCK_OPTIONAL.load(std::sync::atomic::Ordering::Relaxed).then_some((LANDLOCK_OPTIONAL_ENV, "1")))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -344,6 +353,9 @@ pub fn leader_main() -> ! {
 /// process it starts) to it. On failure: why, and whether the rules
 /// themselves are at fault.
 fn enforce(rules: &PhaseRules, exe: BorrowedFd<'_>) -> Result<(), (String, bool)> {
+    if rules.protected_paths.is_empty() && std::env::var_os(LANDLOCK_OPTIONAL_ENV).is_some() && !ruleset::supported() {
+        return Ok(());
+    }
     let fail = |e: ruleset::LandlockError| {
         let rejected = matches!(
             e,

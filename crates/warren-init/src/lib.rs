@@ -1,4 +1,5 @@
-//! The in-sandbox agent: PID 1 of every container sandbox (later also of VMs).
+//! The in-sandbox agent: PID 1 of every container sandbox and of every
+//! microVM's guest (see `vm`).
 //!
 //! Owns: building the sandbox from inside (namespaces it enters, its mounts,
 //! `pivot_root`, masks, capability drop, the seccomp filter and the record of
@@ -9,10 +10,13 @@
 //! shared with the node side.
 //!
 //! Invariants: talks to the node only over file descriptors it inherited
-//! (the setup socket and the control listener); never execs a binary of the
+//! (the setup socket and the control listener) or, in a microVM, over the
+//! one virtio-serial port the node attached (multiplexed, see [`mux`]);
+//! never execs a binary of the
 //! image for platform work; writes no logs inside the sandbox.
 //! Never: trusts a peer that lives inside the sandbox's own pid namespace;
 //! enters a Landlock domain itself (PID 1 must stay able to start a later,
 //! looser phase).
 
+pub mod mux;
 pub mod proto;

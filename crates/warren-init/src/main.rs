@@ -1,6 +1,7 @@
 //! `warren-init`: PID 1 of a container sandbox (see the library's doc for
 //! what it owns). Started by the host with the setup socket at fd 3 and the
-//! control listener at fd 4; or, inside a sandbox, by PID 1 as a phase
+//! control listener at fd 4; or by a microVM's kernel as its PID 1 (see
+//! `vm`); or, inside a sandbox, by PID 1 as a phase
 //! leader (see `leader`), or by a session shell in report-state mode (see
 //! `session`).
 
@@ -20,8 +21,14 @@ mod session;
 mod setup;
 mod sys;
 mod tree;
+mod vm;
 
 fn main() {
+    // Only a microVM's kernel starts this binary as PID 1 of its pid
+    // namespace: a container's first init is a host process.
+    if rustix::process::getpid().is_init() {
+        vm::run()
+    }
     let mut args = std::env::args_os().skip(1);
     if let Some(mode) = args.next() {
         if mode == session::REPORT_STATE_ARG {

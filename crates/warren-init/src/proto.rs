@@ -183,6 +183,11 @@ pub struct Exited {
     pub cpu_system_us: u64,
     pub max_rss_bytes: u64,
     pub session_state: Option<SessionState>,
+    /// Set by an init that sees the kernel's OOM kills itself (a microVM's
+    /// guest): whether the OOM killer fired while this exec ran. `None`:
+    /// the node judges from the sandbox's cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_killed: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

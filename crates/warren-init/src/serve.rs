@@ -29,9 +29,15 @@ const CONNECTION_STACK_BYTES: usize = 256 * 1024;
 const BUSY_ANSWER_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// What every connection can reach.
-struct Shared {
+pub(crate) struct Shared {
     exec: Context,
     events: Arc<EventLog>,
+}
+
+impl Shared {
+    pub(crate) fn new(phases: Arc<Phases>, events: Arc<EventLog>) -> Arc<Shared> {
+        Arc::new(Shared { exec: Context { phases }, events })
+    }
 }
 
 pub fn run(phases: Arc<Phases>, events: Arc<EventLog>) -> ! {
@@ -41,7 +47,7 @@ pub fn run(phases: Arc<Phases>, events: Arc<EventLog>) -> ! {
     if rustix::io::fcntl_setfd(&listener, rustix::io::FdFlags::CLOEXEC).is_err() {
         sys::exit_now(1)
     }
-    let ctx = Arc::new(Shared { exec: Context { phases }, events });
+    let ctx = Shared::new(phases, events);
     loop {
         match listener.accept() {
             Ok((conn, _)) => admit(&ctx, conn),
@@ -99,7 +105,9 @@ fn wait_after_accept_error(e: &io::Error) {
     }
 }
 
-fn serve_connection(ctx: &Shared, mut conn: UnixStream) {
+/// Serves one request; also a microVM's mux streams (`vm::port`), whose
+/// peer is always the node.
+pub(crate) fn serve_connection(ctx: &Shared, mut conn: UnixStream) {
     let request = match proto::read_frame(&mut conn) {
         Ok(Some((FrameKind::Request, payload))) => serde_json::from_slice::<Request>(&payload),
         _ => return,

@@ -29,6 +29,24 @@ pub struct ExecEntry {
     version: watch::Sender<u64>,
     kill: Notify,
     kill_requested: AtomicBool,
+    /// The running process's control channel while its stdin is open (an
+    /// exec started with `stdin_open`); `None` once closed or ended.
+    input: Mutex<Option<mpsc::Sender<ExecControl>>>,
+    /// Runs once when the process has ended, before the result is
+    /// published: whatever a client may rely on once it has seen the end
+    /// (a session's new state) is stored by then.
+    before_end: Mutex<Option<BeforeEnd>>,
+}
+
+/// See [`ExecEntry::before_end`]; gets the exit information when the
+/// process exited (not when the channel to it was lost).
+pub type BeforeEnd = Box<dyn FnOnce(Option<&ExitInfo>) + Send>;
+
+/// Why stdin could not be written or closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StdinError {
+    /// The exec was started without an open stdin, closed it, or ended.
+    Closed,
 }
 
 struct ExecState {
@@ -58,7 +76,23 @@ impl ExecEntry {
             version: watch::channel(0).0,
             kill: Notify::new(),
             kill_requested: AtomicBool::new(false),
+            input: Mutex::new(None),
+            before_end: Mutex::new(None),
         })
+    }
+
+    /// Sets the hook run when the process ends, before its end is published.
+    pub fn before_end(&self, hook: BeforeEnd) {
+        *self.before_end.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
+    }
+
+    /// Runs the [`ExecEntry::before_end`] hook (once), then publishes the end.
+    fn end(&self, finish: Finish) {
+        let hook = self.before_end.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(hook) = hook {
+            hook(finish.exit.as_ref());
+        }
+        self.finish(finish);
     }
 
     fn lock(&self) -> MutexGuard<'_, ExecState> {
@@ -78,6 +112,22 @@ impl ExecEntry {
     pub fn request_kill(&self) {
         self.kill_requested.store(true, Ordering::SeqCst);
         self.kill.notify_one();
+    }
+
+    fn input(&self) -> MutexGuard<'_, Option<mpsc::Sender<ExecControl>>> {
+        self.input.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes `data` to the process's stdin, in order with earlier writes.
+    pub async fn send_stdin(&self, data: bytes::Bytes) -> Result<(), StdinError> {
+        let tx = self.input().clone().ok_or(StdinError::Closed)?;
+        tx.send(ExecControl::Stdin(data)).await.map_err(|_| StdinError::Closed)
+    }
+
+    /// Closes the process's stdin (it reads end-of-file).
+    pub async fn close_stdin(&self) -> Result<(), StdinError> {
+        let tx = self.input().take().ok_or(StdinError::Closed)?;
+        tx.send(ExecControl::StdinEof).await.map_err(|_| StdinError::Closed)
     }
 
     fn append(&self, stream: StreamName, data: &[u8]) {
@@ -190,10 +240,13 @@ impl ExecEntry {
 
     /// Pumps a started process until it ends, enforcing `deadline`. Returns
     /// the final exit information (for session state) once the result is set.
+    /// With `stdin_open`, stdin stays open after `stdin` for
+    /// [`ExecEntry::send_stdin`] until [`ExecEntry::close_stdin`].
     pub async fn drive(
         self: Arc<Self>,
-        mut process: ExecProcess,
+        process: ExecProcess,
         stdin: Option<Vec<u8>>,
+        stdin_open: bool,
         deadline: Instant,
     ) -> Option<ExitInfo> {
         if let Some(data) = stdin {
@@ -201,7 +254,19 @@ impl ExecEntry {
                 let _ = process.control.send(ExecControl::Stdin(data.into())).await;
             }
         }
-        let _ = process.control.send(ExecControl::StdinEof).await;
+        if stdin_open {
+            *self.input() = Some(process.control.clone());
+        } else {
+            let _ = process.control.send(ExecControl::StdinEof).await;
+        }
+        let exit = Arc::clone(&self).pump(process, deadline).await;
+        // The clone would otherwise keep the control channel (and so the
+        // backend's side of the exec) alive after the process ended.
+        self.input().take();
+        exit
+    }
+
+    async fn pump(self: Arc<Self>, mut process: ExecProcess, deadline: Instant) -> Option<ExitInfo> {
         let mut timed_out = false;
         let mut kill_deadline: Option<Instant> = None;
         loop {
@@ -226,7 +291,7 @@ impl ExecEntry {
                         } else {
                             ExecStatus::Ok
                         };
-                        self.finish(Finish { status, exit: Some(info.clone()) });
+                        self.end(Finish { status, exit: Some(info.clone()) });
                         return Some(info);
                     }
                     lost => {
@@ -234,7 +299,7 @@ impl ExecEntry {
                             tracing::warn!(exec = %self.id, "exec channel lost: {msg}");
                         }
                         let status = if timed_out { ExecStatus::TimedOut } else { ExecStatus::Killed };
-                        self.finish(Finish { status, exit: None });
+                        self.end(Finish { status, exit: None });
                         return None;
                     }
                 },
@@ -249,7 +314,7 @@ impl ExecEntry {
                 }
                 _ = grace => {
                     let status = if timed_out { ExecStatus::TimedOut } else { ExecStatus::Killed };
-                    self.finish(Finish { status, exit: None });
+                    self.end(Finish { status, exit: None });
                     return None;
                 }
             }
@@ -279,5 +344,70 @@ pub(crate) fn push_frames(name: StreamName, capture: &Capture, offset: &mut u64,
                 frames.push(ExecFrame::Gap { stream: name, offset: at, dropped_bytes: len });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+
+    fn exited() -> ExecEvent {
+        ExecEvent::Exited(ExitInfo {
+            exit_code: Some(0),
+            signal: None,
+            killed: false,
+            oom: false,
+            cpu_time: Duration::ZERO,
+            peak_memory_bytes: 0,
+            session_state: None,
+        })
+    }
+
+    /// A process the test plays: what the exec sends it, and its events.
+    fn fake() -> (ExecProcess, mpsc::Receiver<ExecControl>, mpsc::Sender<ExecEvent>) {
+        let (control, control_rx) = mpsc::channel(8);
+        let (events_tx, events) = mpsc::channel(8);
+        (ExecProcess { events, control }, control_rx, events_tx)
+    }
+
+    #[tokio::test]
+    async fn open_stdin_forwards_writes_in_order_then_closes() {
+        let (process, mut control, events) = fake();
+        let entry = ExecEntry::new("ex-1".into(), None, 1024);
+        let driving = tokio::spawn(Arc::clone(&entry).drive(
+            process,
+            Some(b"first ".to_vec()),
+            true,
+            Instant::now() + Duration::from_secs(60),
+        ));
+        assert!(matches!(control.recv().await, Some(ExecControl::Stdin(b)) if &b[..] == b"first "));
+        // The driving task hands out the channel once it runs; wait for it.
+        while entry.input().is_none() {
+            tokio::task::yield_now().await;
+        }
+        entry.send_stdin(Bytes::from_static(b"second")).await.unwrap();
+        assert!(matches!(control.recv().await, Some(ExecControl::Stdin(b)) if &b[..] == b"second"));
+        entry.close_stdin().await.unwrap();
+        assert!(matches!(control.recv().await, Some(ExecControl::StdinEof)));
+        assert_eq!(entry.send_stdin(Bytes::from_static(b"late")).await, Err(StdinError::Closed));
+        assert_eq!(entry.close_stdin().await, Err(StdinError::Closed));
+        events.send(exited()).await.unwrap();
+        driving.await.unwrap();
+        assert_eq!(entry.result(false).status, ExecStatus::Ok);
+    }
+
+    #[tokio::test]
+    async fn closed_stdin_is_closed_at_once_and_after_the_end() {
+        let (process, mut control, events) = fake();
+        let entry = ExecEntry::new("ex-2".into(), None, 1024);
+        let driving =
+            tokio::spawn(Arc::clone(&entry).drive(process, None, false, Instant::now() + Duration::from_secs(60)));
+        assert!(matches!(control.recv().await, Some(ExecControl::StdinEof)));
+        assert_eq!(entry.send_stdin(Bytes::from_static(b"x")).await, Err(StdinError::Closed));
+        events.send(exited()).await.unwrap();
+        driving.await.unwrap();
+        assert!(entry.input().is_none());
     }
 }

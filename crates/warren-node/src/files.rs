@@ -14,7 +14,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
 }
 
 impl Node {
-    fn fs_root(&self, id: &str) -> Result<warren_backend::FsRoot> {
+    pub(crate) fn fs_root(&self, id: &str) -> Result<warren_backend::FsRoot> {
         let live = self.live(id)?;
         live.touch();
         Ok(live.driver.fs_root(&live.handle)?)
@@ -48,6 +48,12 @@ impl Node {
     pub async fn remove_file(&self, id: &str, path: String, recursive: bool) -> Result<()> {
         let root = self.fs_root(id)?;
         blocking(move || Ok(files::remove(&root, &path, recursive)?)).await
+    }
+
+    /// Moves `from` to `to` inside the sandbox (replacing a file at `to`).
+    pub async fn rename_file(&self, id: &str, from: String, to: String) -> Result<FileStat> {
+        let root = self.fs_root(id)?;
+        blocking(move || Ok(files::rename(&root, &from, &to)?)).await
     }
 
     /// Streams `body` into a new file that replaces `path` atomically once

@@ -330,6 +330,13 @@ impl LayeredImages {
         self.build_and_publish(name, dir, meta, below).await
     }
 
+    /// The layer cache's fill requests and those that found their range
+    /// already local, summed over the cached layers.
+    pub fn fill_counters(&self) -> (u64, u64) {
+        let layers = self.cache.get().map(LayerCache::stats).unwrap_or_default();
+        layers.iter().fold((0, 0), |(fills, hits), l| (fills + l.fill_events, hits + l.cache_hits))
+    }
+
     /// Per-layer cache statistics and the blob store's counters.
     pub fn stats(&self) -> warren_api::ImageStats {
         let layers = self.cache.get().map(LayerCache::stats).unwrap_or_default();
@@ -403,7 +410,7 @@ fn registry_node_err(e: RegistryError) -> NodeError {
         RegistryError::Io { .. } | RegistryError::Scratch(_) => return NodeError::Internal(message),
         _ => ErrorCode::InvalidRequest,
     };
-    NodeError::Invalid(ApiError { code, message, field: Some("reference".into()) })
+    NodeError::Invalid(ApiError { code, message, field: Some("reference".into()), divergence: None })
 }
 
 fn image_info(image: &ImageManifest) -> ImageInfo {

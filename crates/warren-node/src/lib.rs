@@ -1,26 +1,39 @@
-//! The node agent: admission, sandbox lifecycle, warm pools, the reaper of
+//! The node agent: admission (with a FIFO queue and batch creates), sandbox
+//! lifecycle, pause and resume, warm pools, the reaper of
 //! idle and expired sandboxes, execs with their deadlines and bounded output,
-//! shell sessions, and file access - on one machine.
+//! shell sessions, file access, and function calls (one-use workers from
+//! adaptive pools: `function`) - on one machine. It records its own
+//! metrics (`metrics`: one Prometheus registry, served by the control crate).
 //!
 //! Owns: the life of every sandbox on this node, from admission to its typed
-//! end, and the records that let a restarted node re-adopt them.
+//! end, the records that let a restarted node re-adopt them, and each
+//! sandbox's trajectory log (every mutating call as a numbered step; a
+//! logged step is answered from the log, never run twice: `trajectory`).
 //! Invariants: every sandbox that leaves `running` ends with exactly one
 //! [`EndReason`]; nothing stays `creating` or `ending` past its deadline; a
 //! warm-pool member is handed out at most once.
 //! Never: resolves a sandbox path on the host by string (files go through
 //! the backend's in-root resolution), or runs platform logic inside a sandbox.
 
+mod admission;
+mod batch;
 mod capture;
 pub mod events;
 mod exec;
 mod files;
+mod function;
+mod history;
 mod images;
 mod layered;
 mod limits;
+pub mod metrics;
 mod network;
+mod pause;
 mod phase;
 mod pool;
 mod records;
+mod steer;
+pub mod trajectory;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -31,16 +44,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures_util::Stream;
 use tokio::time::Instant;
 use warren_api::{
-    ApiError, Backend, CreateSandboxRequest, CreateSessionRequest, EndReason, ExecFrame, ExecRequest, ExecResult,
-    ExecStatus, ImageInfo, Resources, SandboxInfo, SandboxState, SessionInfo,
+    ApiError, Backend, CreateSandboxRequest, CreateSessionRequest, CreateSource, EndReason, ExecFrame, ExecRequest,
+    ExecResult, ExecStatus, ImageInfo, Resources, SandboxInfo, SandboxState, SessionInfo,
 };
 use warren_backend::{BackendError, Driver, ExecSpec, Liveness, SandboxHandle, SandboxSpec};
 use warren_image::ImageStore;
 use warren_store::{StateStore, StateStoreExt, StoreError, Table};
 
+pub use batch::BatchEvent;
 pub use capture::{Capture, Chunk};
-pub use exec::ExecEntry;
+pub use exec::{ExecEntry, StdinError};
 pub use files::FileError;
+pub use function::FunctionPoolSpec;
 pub use layered::DEFAULT_CACHE_BYTES;
 pub use network::{builtin_presets, NetworkOptions};
 pub use pool::PoolSpec;
@@ -68,7 +83,14 @@ pub struct NodeConfig {
     pub instance: String,
     pub init_binary: PathBuf,
     pub max_sandboxes: usize,
+    /// Memory (MiB) the running sandboxes may ask for in all; paused ones'
+    /// memory does not count. `None`: only `max_sandboxes` bounds admission.
+    pub max_memory_mib: Option<u64>,
+    /// Creates that may wait for room at once (the admission queue's bound).
+    pub admission_queue_limit: usize,
     pub pools: Vec<PoolSpec>,
+    /// Warm pools of one-use workers for function calls (`--function-pool`).
+    pub function_pools: Vec<FunctionPoolSpec>,
     /// Enables layered (EROFS, lazily fetched) images: how to start the
     /// layer cache's fill holder, and the cache's size bound.
     pub layer_cache: Option<(HolderCommand, u64)>,
@@ -77,6 +99,9 @@ pub struct NodeConfig {
     pub ended_retention: Duration,
     /// The address pool, resolver hosts and presets of `allowlist` sandboxes.
     pub network: NetworkOptions,
+    /// A sandbox's trajectory log is deleted this long after the sandbox
+    /// ended (it outlives the sandbox's own record).
+    pub trajectory_retention: Duration,
 }
 
 /// Default of [`NodeConfig::ended_retention`]: one hour.
@@ -107,6 +132,12 @@ pub enum NodeError {
     ImageInUse(String),
     #[error("node is full: {0} sandboxes running")]
     Capacity(usize),
+    #[error("trajectory step {} is logged with another request (logged {}, this one {})", .0.step, .0.expected, .0.got)]
+    TrajectoryDiverged(warren_api::TrajectoryDivergence),
+    #[error("every function worker of image {image} is busy and {queue} calls already wait")]
+    FunctionQueueFull { image: String, queue: usize },
+    #[error("the admission queue is full: {limit} creates wait already")]
+    AdmissionQueueFull { limit: usize },
     #[error(transparent)]
     Backend(#[from] BackendError),
     #[error(transparent)]
@@ -207,10 +238,19 @@ struct Inner {
     /// Taken out (and shut down) when the node stops.
     layered: Mutex<Option<Arc<layered::LayeredImages>>>,
     container: Arc<dyn Driver>,
+    /// Drivers of the VM backends this node runs (see [`Node::start_with`]);
+    /// a backend with none answers `unsupported_backend`.
+    vm_drivers: HashMap<Backend, Arc<dyn Driver>>,
     live: Mutex<HashMap<String, Arc<Live>>>,
     creating: AtomicUsize,
     pools: pool::Pools,
+    functions: Arc<function::Functions>,
+    function_driver: Arc<function::driver::FunctionDriver>,
     net: network::NodeNet,
+    metrics: Arc<metrics::NodeMetrics>,
+    admission: admission::Admission,
+    /// Serialises pausing and resuming (see `pause`).
+    pause_gate: Mutex<()>,
 }
 
 /// The node agent. Cheap to clone; all clones share one node.
@@ -224,6 +264,17 @@ impl Node {
     /// still live, ends the others with `node_restarted`, sweeps orphans, and
     /// starts the reaper and the pool filler.
     pub async fn start(cfg: NodeConfig, store: Arc<dyn StateStore>, container: Arc<dyn Driver>) -> Result<Node> {
+        Node::start_with(cfg, store, container, HashMap::new()).await
+    }
+
+    /// [`Node::start`] with drivers for further backends (`microvm`, `vm`),
+    /// one per backend.
+    pub async fn start_with(
+        cfg: NodeConfig,
+        store: Arc<dyn StateStore>,
+        container: Arc<dyn Driver>,
+        vm_drivers: HashMap<Backend, Arc<dyn Driver>>,
+    ) -> Result<Node> {
         let images = Arc::new(ImageStore::open(cfg.data_dir.join("images"))?);
         let pools = pool::Pools::new(cfg.pools.clone());
         let layered = match &cfg.layer_cache {
@@ -233,6 +284,9 @@ impl Node {
             None => None,
         };
         let net = network::NodeNet::open(&cfg.instance, &cfg.data_dir, &cfg.network)?;
+        let functions = function::Functions::new(cfg.function_pools.clone(), Arc::clone(&container));
+        let function_driver = function::driver::FunctionDriver::new(Arc::clone(&functions));
+        let admission = admission::Admission::new(cfg.admission_queue_limit);
         let node = Node {
             inner: Arc::new(Inner {
                 net,
@@ -241,17 +295,29 @@ impl Node {
                 images,
                 layered: Mutex::new(layered),
                 container,
+                vm_drivers,
                 live: Mutex::new(HashMap::new()),
                 creating: AtomicUsize::new(0),
+                admission,
+                pause_gate: Mutex::new(()),
                 pools,
+                functions,
+                function_driver,
+                metrics: metrics::NodeMetrics::new(),
             }),
         };
         node.inner.net.set_node(&node.inner);
         node.recover().await?;
+        if let Err(e) = node.recover_trajectories() {
+            // The sandboxes still work; only steps cut by the restart stay `running`.
+            tracing::error!("cannot settle the trajectory steps cut by the restart: {e}");
+        }
         let reaper = node.clone();
         tokio::spawn(async move { reaper.reap_forever().await });
         let filler = node.clone();
         tokio::spawn(async move { filler.fill_pools_forever().await });
+        let function_filler = node.clone();
+        tokio::spawn(async move { function_filler.fill_function_pools_forever().await });
         Ok(node)
     }
 
@@ -262,7 +328,8 @@ impl Node {
     fn driver(&self, backend: Backend) -> Result<Arc<dyn Driver>> {
         match backend {
             Backend::Container => Ok(Arc::clone(&self.inner.container)),
-            other => Err(NodeError::UnsupportedBackend(other)),
+            Backend::Function => Ok(self.inner.function_driver.clone()),
+            other => self.inner.vm_drivers.get(&other).cloned().ok_or(NodeError::UnsupportedBackend(other)),
         }
     }
 
@@ -291,6 +358,11 @@ impl Node {
     /// Creates a sandbox, or returns the one an earlier call with the same
     /// idempotency key made. The bool is true when this call made it.
     pub async fn create(&self, req: CreateSandboxRequest) -> Result<(SandboxInfo, bool)> {
+        self.create_with(req, admission::Admit::Now).await
+    }
+
+    /// [`Node::create`], meeting a full node as `admit` says.
+    async fn create_with(&self, req: CreateSandboxRequest, admit: admission::Admit<'_>) -> Result<(SandboxInfo, bool)> {
         req.validate().map_err(NodeError::Invalid)?;
         let driver = self.driver(req.backend)?;
         let image = self.resolve_image(&req.image).await.map_err(|e| match e {
@@ -317,7 +389,7 @@ impl Node {
             }
         }
 
-        let admitted = match AdmissionTicket::take(self) {
+        let admitted = match self.admit(&id, req.memory_mib, admit).await {
             Ok(t) => t,
             Err(e) => {
                 if let Some(key) = &req.idempotency_key {
@@ -327,6 +399,8 @@ impl Node {
                 return Err(e);
             }
         };
+        let create_started = Instant::now();
+        let _creating = self.inner.metrics.in_flight(req.backend, SandboxState::Creating);
         let now = now_ms();
         let mut rec = SandboxRecord {
             info: SandboxInfo {
@@ -351,6 +425,7 @@ impl Node {
                 usage: None,
                 from_pool: false,
                 idempotency_key: req.idempotency_key.clone(),
+                accelerator: None,
             },
             env: req.env.clone(),
             handle: None,
@@ -366,7 +441,7 @@ impl Node {
         let mut layer_leases = image.leases;
         // Pool members are made without phases or an egress policy; a
         // sandbox that asks for either is always made fresh.
-        let poolable = req.phases.is_empty() && req.network_policy.is_none();
+        let poolable = req.phases.is_empty() && req.network_policy.is_none() && req.backend == Backend::Container;
         let pooled = if poolable { self.claim_pooled(&pool_key).await } else { None };
         let made = match pooled {
             Some((handle, member_leases)) => {
@@ -414,6 +489,9 @@ impl Node {
         let handle = match made {
             Ok(h) => h,
             Err(e) => {
+                let source = if rec.info.from_pool { CreateSource::Pool } else { CreateSource::Fresh };
+                self.inner.metrics.create_failed(req.backend, source);
+                self.inner.metrics.ended(req.backend, EndReason::CreateFailed);
                 rec.info.state = SandboxState::Ended;
                 rec.info.end_reason = Some(EndReason::CreateFailed);
                 rec.info.end_message = Some(e.to_string());
@@ -428,23 +506,30 @@ impl Node {
         };
         rec.info.state = SandboxState::Running;
         rec.info.started_at_ms = Some(now_ms());
+        rec.info.accelerator = driver.accelerator(&handle);
         rec.handle = Some(handle.clone());
         joined(self.commit(rec.clone()).await)?;
         let info = rec.info.clone();
         self.live_map().insert(id.clone(), Live::new(id, handle, driver, rec, layer_leases));
         drop(admitted);
+        let source = if info.from_pool { CreateSource::Pool } else { CreateSource::Fresh };
+        self.inner.metrics.created(info.backend, source, create_started.elapsed().as_secs_f64());
         Ok((info, true))
     }
 
     /// Waits (bounded) until a sandbox made by a concurrent call with the same
     /// idempotency key has left `creating`.
     async fn wait_created(&self, id: &str) -> Result<SandboxInfo> {
-        let deadline = Instant::now() + CREATE_DEADLINE + Duration::from_secs(5);
+        let mut deadline = Instant::now() + CREATE_DEADLINE + Duration::from_secs(5);
         loop {
             // The first call stores its claim before its record: not found yet means not made yet.
             match self.get(id) {
                 Ok(info) if info.state != SandboxState::Creating => return Ok(info),
                 Ok(info) if Instant::now() > deadline => return Ok(info),
+                // Still waiting for room: its create deadline has not started.
+                Err(NodeError::NotFound(_)) if self.inner.admission.is_waiting(id) => {
+                    deadline = Instant::now() + CREATE_DEADLINE + Duration::from_secs(5);
+                }
                 Err(e) if Instant::now() > deadline => return Err(e),
                 Ok(_) | Err(NodeError::NotFound(_)) => {}
                 Err(e) => return Err(e),
@@ -453,7 +538,9 @@ impl Node {
         }
     }
 
-    fn live(&self, id: &str) -> Result<Arc<Live>> {
+    /// The live sandbox `id`, as it is (a paused one stays paused); request
+    /// paths use [`Node::live`], which resumes it.
+    fn live_as_is(&self, id: &str) -> Result<Arc<Live>> {
         if let Some(l) = self.live_map().get(id) {
             return Ok(Arc::clone(l));
         }
@@ -508,15 +595,18 @@ impl Node {
     /// Ends a live sandbox with `reason`: stops its execs, destroys it, and
     /// records the end. Only the first of concurrent calls does the work.
     async fn end(&self, id: &str, reason: EndReason, message: Option<String>) -> Result<SandboxInfo> {
-        let live = self.live(id)?;
+        let live = self.live_as_is(id)?;
         if self.live_map().remove(id).is_none() {
             return self.get(id);
         }
+        // Its slot is free: a waiting create may go.
+        self.inner.admission.bump();
         let rec = {
             let mut rec = live.record();
             rec.info.state = SandboxState::Ending;
             rec.clone()
         };
+        let _ending = self.inner.metrics.in_flight(rec.info.backend, SandboxState::Ending);
         // Committed while the driver destroys, and always before `Ended`.
         let ending = self.commit(rec);
         let execs: Vec<_> = live.execs.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
@@ -538,6 +628,7 @@ impl Node {
         };
         rec.handle = None;
         joined(self.commit(rec.clone()).await)?;
+        self.inner.metrics.ended(rec.info.backend, reason);
         // Execs that were still running are recorded as killed by the platform.
         for e in execs {
             e.finish_without_process(ExecStatus::Killed);
@@ -552,6 +643,18 @@ impl Node {
     /// Starts an exec (in a session when `session_id` is given) and returns
     /// its entry; the node drives it to its end whatever the client does.
     pub async fn exec(&self, id: &str, req: ExecRequest, session_id: Option<&str>) -> Result<Arc<ExecEntry>> {
+        self.exec_with(id, req, session_id, false).await
+    }
+
+    /// [`Node::exec`], with stdin left open after `req`'s stdin when
+    /// `stdin_open` (see [`Node::send_stdin`]).
+    pub async fn exec_with(
+        &self,
+        id: &str,
+        req: ExecRequest,
+        session_id: Option<&str>,
+        stdin_open: bool,
+    ) -> Result<Arc<ExecEntry>> {
         req.validate(session_id.is_some()).map_err(NodeError::Invalid)?;
         let live = self.live(id)?;
         live.touch();
@@ -597,6 +700,21 @@ impl Node {
         live.running_execs.fetch_add(1, Ordering::SeqCst);
         let timeout = Duration::from_secs_f64(req.timeout_secs.unwrap_or(warren_api::DEFAULT_EXEC_TIMEOUT_SECS));
         let deadline = Instant::now() + timeout;
+        if let Some(mut session) = session {
+            // Stored before the end is published: a client that saw the
+            // command end must find the session's new state after a crash.
+            let (store, key) = (Arc::clone(&self.inner.store), format!("{}/{}", live.id, session.id));
+            entry.before_end(Box::new(move |exit| {
+                if let Some(state) = exit.and_then(|e| e.session_state.clone()) {
+                    session.cwd = state.cwd;
+                    session.env = state.env;
+                    session.commands_run += 1;
+                    if let Err(e) = store.put_json(Table::Sessions, &key, &*session) {
+                        tracing::error!(session = %key, "cannot persist session state: {e}");
+                    }
+                }
+            }));
+        }
         let node = self.clone();
         let driving = Arc::clone(&entry);
         tokio::spawn(async move {
@@ -608,13 +726,9 @@ impl Node {
                 let (node, sandbox, entry) = (node.clone(), live.id.clone(), Arc::clone(&driving));
                 tokio::task::spawn_blocking(move || node.persist_exec(&sandbox, &entry))
             };
-            let exit = Arc::clone(&driving).drive(process, stdin, deadline).await;
-            if let (Some(mut session), Some(state)) = (session, exit.and_then(|e| e.session_state)) {
-                session.cwd = state.cwd;
-                session.env = state.env;
-                session.commands_run += 1;
-                let _ = node.store().put_json(Table::Sessions, &format!("{}/{}", live.id, session.id), &*session);
-            }
+            Arc::clone(&driving).drive(process, stdin, stdin_open, deadline).await;
+            let done = driving.result(false);
+            node.inner.metrics.exec_finished(done.status, done.wall_time_secs);
             // Touch first: the reaper must never see "no exec running" with a stale activity time.
             live.touch();
             live.running_execs.fetch_sub(1, Ordering::SeqCst);
@@ -700,7 +814,9 @@ impl Node {
         if timeline.init_seq_pulled == pulled_up_to {
             timeline.count_lost(batch.dropped);
             for event in batch.events {
-                timeline.push(records::observed(event), 0);
+                let event = records::observed(event);
+                self.inner.metrics.security_event(event.kind);
+                timeline.push(event, 0);
             }
             timeline.init_seq_pulled = batch.next_seq.saturating_sub(1).max(pulled_up_to);
         }
@@ -711,7 +827,8 @@ impl Node {
     /// connection, a limit hit, a phase change) to the sandbox's timeline.
     /// Events for a sandbox that is not live are dropped.
     pub fn record_event(&self, id: &str, observed: events::Observed) {
-        if let Ok(live) = self.live(id) {
+        if let Ok(live) = self.live_as_is(id) {
+            self.inner.metrics.security_event(observed.kind);
             live.timeline().push(observed, now_ms());
         }
     }
@@ -727,6 +844,10 @@ impl Node {
         warren_api::validate_env(&req.env, "env").map_err(NodeError::Invalid)?;
         let live = self.live(id)?;
         live.touch();
+        if live.record().info.backend == Backend::Function {
+            // Every exec of a function sandbox runs in a fresh worker: no state to keep.
+            return Err(BackendError::Unsupported("function", "sessions").into());
+        }
         let mut env = base_env(&live.record().env);
         env.extend(req.env);
         let rec = SessionRecord {
@@ -892,8 +1013,9 @@ impl Node {
     /// Replacing an image removes its old layer directories, which running
     /// sandboxes still have mounted: refuse while any sandbox or pool uses it.
     fn check_image_unused(&self, name: &str) -> Result<()> {
-        let in_use =
-            self.live_map().values().any(|l| l.record().info.image == name) || self.inner.pools.uses_image(name);
+        let in_use = self.live_map().values().any(|l| l.record().info.image == name)
+            || self.inner.pools.uses_image(name)
+            || self.inner.functions.uses_image(name);
         match in_use {
             true => Err(NodeError::ImageInUse(name.to_string())),
             false => Ok(()),
@@ -934,11 +1056,16 @@ impl Node {
                 if let Ok(Err(e)) = forgotten {
                     tracing::warn!("could not delete expired records of ended sandboxes: {e}");
                 }
+                let node = self.clone();
+                let forgotten = tokio::task::spawn_blocking(move || node.forget_trajectories(now_ms())).await;
+                if let Ok(Err(e)) = forgotten {
+                    tracing::warn!("could not delete expired trajectory logs: {e}");
+                }
             }
             let lives: Vec<Arc<Live>> = self.live_map().values().cloned().collect();
             for live in lives {
                 if tick.is_multiple_of(LIMITS_EVERY_TICKS) {
-                    watch_limits(&live);
+                    watch_limits(&live, &self.inner.metrics);
                 }
                 let (created, last, idle, lifetime) = {
                     let r = live.record();
@@ -947,7 +1074,10 @@ impl Node {
                 let now = now_ms();
                 let reason = if now >= created + lifetime * 1000 {
                     Some((EndReason::Lifetime, None))
-                } else if live.running_execs.load(Ordering::SeqCst) == 0 && now >= last + idle * 1000 {
+                } else if live.running_execs.load(Ordering::SeqCst) == 0
+                    && now >= last + idle * 1000
+                    && live.record().info.state != SandboxState::Paused
+                {
                     Some((EndReason::IdleTimeout, None))
                 } else if tick.is_multiple_of(PROBE_EVERY_TICKS) {
                     match live.driver.probe(&live.handle).await {
@@ -1016,7 +1146,8 @@ impl Node {
             }
             let driver = self.driver(rec.info.backend)?;
             let alive = match (&rec.handle, rec.info.state) {
-                (Some(h), SandboxState::Running) => driver.probe(h).await == Liveness::Alive,
+                // A paused sandbox is re-adopted paused (the driver probes it without a ping).
+                (Some(h), SandboxState::Running | SandboxState::Paused) => driver.probe(h).await == Liveness::Alive,
                 _ => false,
             };
             if alive {
@@ -1048,6 +1179,7 @@ impl Node {
                 }
                 rec.info.state = SandboxState::Ended;
                 rec.info.end_reason = Some(EndReason::NodeRestarted);
+                self.inner.metrics.ended(rec.info.backend, EndReason::NodeRestarted);
                 rec.info.end_message = Some("the node restarted and the sandbox could not be re-adopted".into());
                 rec.info.ended_at_ms = Some(now_ms());
                 rec.handle = None;
@@ -1065,7 +1197,10 @@ impl Node {
                 }
             }
         }
-        let report = self.inner.container.sweep(&keep).await?;
+        let mut report = self.inner.container.sweep(&keep).await?;
+        for driver in self.inner.vm_drivers.values() {
+            report.sandboxes_removed.extend(driver.sweep(&keep).await?.sandboxes_removed);
+        }
         self.recover_network(&keep).await;
         if !report.sandboxes_removed.is_empty() {
             tracing::info!(removed = ?report.sandboxes_removed, "swept orphaned sandboxes");
@@ -1085,6 +1220,7 @@ impl Node {
             }
         }
         self.inner.pools.drain(self.inner.container.as_ref()).await;
+        self.inner.functions.drain().await;
         if self.sandboxes_running() == 0 {
             let layered = self.inner.layered.lock().unwrap_or_else(|p| p.into_inner()).take();
             if let Some(layered) = layered.and_then(|l| Arc::try_unwrap(l).ok()) {
@@ -1096,6 +1232,11 @@ impl Node {
             if let Err(e) = self.inner.container.release().await {
                 tracing::warn!("cannot release the container driver's node-wide resources: {e}");
             }
+            for (backend, driver) in &self.inner.vm_drivers {
+                if let Err(e) = driver.release().await {
+                    tracing::warn!("cannot release the {} driver's node-wide resources: {e}", backend.as_str());
+                }
+            }
         }
     }
 }
@@ -1103,12 +1244,13 @@ impl Node {
 /// The environment every exec starts from, before the sandbox's own.
 /// Records a `limit_hit` event for each limit the sandbox ran into since
 /// the last look. A sandbox that is going away has no counters: skipped.
-fn watch_limits(live: &Live) {
+fn watch_limits(live: &Live, metrics: &metrics::NodeMetrics) {
     let Ok(counters) = live.driver.limit_counters(&live.handle) else { return };
     let resources = live.record().info.resources.clone();
     let hits = live.limits.lock().unwrap_or_else(|p| p.into_inner()).update(counters, &resources);
     for hit in hits {
         tracing::info!(sandbox = %live.id, detail = %hit.detail, "limit hit");
+        metrics.security_event(hit.kind);
         live.timeline().push(hit, now_ms());
     }
 }
@@ -1122,27 +1264,6 @@ fn base_env(sandbox_env: &BTreeMap<String, String>) -> BTreeMap<String, String> 
     ]);
     env.extend(sandbox_env.clone());
     env
-}
-
-/// Counts a create against the node's capacity until dropped.
-struct AdmissionTicket<'a>(&'a Node);
-
-impl<'a> AdmissionTicket<'a> {
-    fn take(node: &'a Node) -> Result<Self> {
-        let creating = node.inner.creating.fetch_add(1, Ordering::SeqCst) + 1;
-        let running = node.sandboxes_running();
-        if running + creating > node.inner.cfg.max_sandboxes {
-            node.inner.creating.fetch_sub(1, Ordering::SeqCst);
-            return Err(NodeError::Capacity(running));
-        }
-        Ok(AdmissionTicket(node))
-    }
-}
-
-impl Drop for AdmissionTicket<'_> {
-    fn drop(&mut self) {
-        self.0.inner.creating.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 /// The outcome of a task on the blocking pool; a task that panicked is an

@@ -115,6 +115,16 @@ impl Pools {
         self.members().iter().any(|(key, members)| key.image == image && !members.is_empty())
     }
 
+    /// Idle members per image of every configured pool, zero included.
+    pub fn idle_by_image(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut idle: std::collections::BTreeMap<String, u64> =
+            self.specs.iter().map(|s| (s.image.clone(), 0)).collect();
+        for (key, members) in self.members().iter() {
+            *idle.entry(key.image.clone()).or_default() += members.len() as u64;
+        }
+        idle
+    }
+
     /// Destroys every idle member (shutdown of a test server).
     pub async fn drain(&self, driver: &dyn Driver) {
         let all: Vec<Member> = self.members().drain().flat_map(|(_, v)| v).collect();

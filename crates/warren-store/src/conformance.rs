@@ -18,6 +18,7 @@ pub fn run_all(store: &dyn StateStore) {
     put_if_absent_keeps_first_value(store);
     put_if_absent_race_has_exactly_one_winner(store);
     json_helpers_roundtrip_and_reject_wrong_type(store);
+    last_returns_greatest_key_with_prefix(store);
 }
 
 pub fn crud_roundtrip(store: &dyn StateStore) {
@@ -173,4 +174,31 @@ pub fn json_helpers_roundtrip_and_reject_wrong_type(store: &dyn StateStore) {
         other => panic!("expected a Json error, got {other:?}"),
     }
     assert_eq!(store.delete_prefix(t, "conformance/json/").unwrap(), 2);
+}
+
+/// `last` is the tail of an append-only log: the greatest key with the
+/// prefix, never a neighbour's key that sorts after it.
+pub fn last_returns_greatest_key_with_prefix(store: &dyn StateStore) {
+    let t = Table::TrajectorySteps;
+    assert_eq!(store.last(t, "conformance/last/").unwrap(), None);
+    // Neighbours on both sides of the prefix range, including one that
+    // extends the prefix with the greatest char.
+    store.put(t, "conformance/last-", b"before").unwrap();
+    store.put(t, "conformance/last0", b"after").unwrap();
+    assert_eq!(store.last(t, "conformance/last/").unwrap(), None);
+    for step in [3u64, 1, 20, 2] {
+        store.put(t, &format!("conformance/last/{step:020}"), step.to_string().as_bytes()).unwrap();
+    }
+    let (key, value) = store.last(t, "conformance/last/").unwrap().unwrap();
+    assert_eq!(key, format!("conformance/last/{:020}", 20));
+    assert_eq!(value, b"20");
+    let max = format!("conformance/last/{}tail", char::MAX);
+    store.put(t, &max, b"max").unwrap();
+    assert_eq!(store.last(t, "conformance/last/").unwrap().map(|(k, _)| k), Some(max.clone()));
+    assert!(store.delete(t, &max).unwrap());
+    store.put_json(t, "conformance/last/x", &Record { id: "sb-9".into(), cpus: 1 }).unwrap();
+    let (key, rec) = store.last_json::<Record>(t, "conformance/last/").unwrap().unwrap();
+    assert_eq!((key.as_str(), rec.cpus), ("conformance/last/x", 1));
+    assert_eq!(store.delete_prefix(t, "conformance/last").unwrap(), 7);
+    assert_eq!(store.last(t, "conformance/last").unwrap(), None);
 }

@@ -13,6 +13,11 @@ pub enum StoreError {
     Corrupt(String),
     #[error("state store I/O error: {0}")]
     Io(#[from] std::io::Error),
+    /// A networked store (etcd) could not be reached, or has no quorum, within
+    /// its request timeout. The write may or may not have been applied; the
+    /// caller retries with the same idempotency key, or reports 503.
+    #[error("state store unavailable ({endpoints}): {reason}")]
+    Unavailable { endpoints: String, reason: String },
     /// Any other backend failure; the text is for humans.
     #[error("state store backend error: {0}")]
     Backend(String),

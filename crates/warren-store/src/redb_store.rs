@@ -119,6 +119,38 @@ impl StateStore for RedbStore {
         Ok(entries)
     }
 
+    fn last(&self, t: Table, prefix: &str) -> Result<Option<(String, Vec<u8>)>> {
+        let txn = self.db.begin_read().map_err(backend_error)?;
+        let table = txn.open_table(definition(t)).map_err(backend_error)?;
+        // Keys starting with `prefix` sort before `prefix + U+10FFFF` unless
+        // they start with that too; so look at those first (rarely any),
+        // then walk back once from the bound.
+        let mut bounds = vec![prefix.to_owned()];
+        while let Some(deeper) = bounds.last().map(|b| format!("{b}{}", char::MAX)) {
+            let has_deeper = table
+                .range(deeper.as_str()..)
+                .map_err(backend_error)?
+                .next()
+                .transpose()
+                .map_err(backend_error)?
+                .is_some_and(|(k, _)| k.value().starts_with(deeper.as_str()));
+            if !has_deeper {
+                break;
+            }
+            bounds.push(deeper);
+        }
+        let Some(innermost) = bounds.pop() else { return Ok(None) };
+        let upper = format!("{innermost}{}", char::MAX);
+        let found = table.range(innermost.as_str()..upper.as_str()).map_err(backend_error)?.next_back();
+        match found {
+            None => Ok(None),
+            Some(entry) => {
+                let (key, value) = entry.map_err(backend_error)?;
+                Ok(Some((key.value().to_owned(), value.value().to_vec())))
+            }
+        }
+    }
+
     fn delete_prefix(&self, t: Table, prefix: &str) -> Result<u64> {
         let txn = self.begin_write()?;
         let removed = {
@@ -196,6 +228,11 @@ mod tests {
     #[test]
     fn json_helpers_roundtrip_and_reject_wrong_type() {
         with_store(conformance::json_helpers_roundtrip_and_reject_wrong_type);
+    }
+
+    #[test]
+    fn last_returns_greatest_key_with_prefix() {
+        with_store(conformance::last_returns_greatest_key_with_prefix);
     }
 
     #[test]

@@ -12,10 +12,22 @@ pub enum Table {
     Execs,
     Sessions,
     Meta,
+    /// One row per sandbox that has a trajectory: what it was made from.
+    Trajectories,
+    /// The trajectory steps, keyed `<sandbox>/<step, zero-padded>`.
+    TrajectorySteps,
 }
 
 impl Table {
-    pub const ALL: [Table; 5] = [Table::Sandboxes, Table::Idempotency, Table::Execs, Table::Sessions, Table::Meta];
+    pub const ALL: [Table; 7] = [
+        Table::Sandboxes,
+        Table::Idempotency,
+        Table::Execs,
+        Table::Sessions,
+        Table::Meta,
+        Table::Trajectories,
+        Table::TrajectorySteps,
+    ];
 
     /// The table's stable on-disk name; renaming one loses its data.
     pub const fn name(self) -> &'static str {
@@ -25,6 +37,8 @@ impl Table {
             Table::Execs => "execs",
             Table::Sessions => "sessions",
             Table::Meta => "meta",
+            Table::Trajectories => "trajectories",
+            Table::TrajectorySteps => "trajectory_steps",
         }
     }
 }
@@ -49,6 +63,9 @@ pub trait StateStore: Send + Sync {
     fn delete(&self, t: Table, key: &str) -> Result<bool>;
     /// All entries whose key starts with `prefix`, in ascending key order.
     fn list(&self, t: Table, prefix: &str) -> Result<Vec<(String, Vec<u8>)>>;
+    /// The entry with the greatest key starting with `prefix`, without
+    /// reading the others: an append-only log finds its tail in one seek.
+    fn last(&self, t: Table, prefix: &str) -> Result<Option<(String, Vec<u8>)>>;
     /// Deletes all keys starting with `prefix` in one transaction; returns
     /// how many there were.
     fn delete_prefix(&self, t: Table, prefix: &str) -> Result<u64>;
@@ -67,6 +84,15 @@ pub trait StateStoreExt: StateStore {
     /// Like [`StateStore::put_if_absent`]; returns the existing value decoded.
     fn put_json_if_absent<T: Serialize + DeserializeOwned>(&self, t: Table, key: &str, value: &T) -> Result<Option<T>> {
         self.put_if_absent(t, key, &encode(t, key, value)?)?.map(|bytes| decode(t, key, &bytes)).transpose()
+    }
+
+    fn last_json<T: DeserializeOwned>(&self, t: Table, prefix: &str) -> Result<Option<(String, T)>> {
+        self.last(t, prefix)?
+            .map(|(key, bytes)| {
+                let value = decode(t, &key, &bytes)?;
+                Ok((key, value))
+            })
+            .transpose()
     }
 
     fn list_json<T: DeserializeOwned>(&self, t: Table, prefix: &str) -> Result<Vec<(String, T)>> {

@@ -66,6 +66,11 @@ impl Client {
         self.json(self.req(Method::DELETE, &format!("/v1/sandboxes/{id}"))).await
     }
 
+    /// `pause` or `resume`.
+    pub async fn pause_or_resume(&self, id: &str, verb: &str) -> Result<SandboxInfo> {
+        self.json(self.req(Method::POST, &format!("/v1/sandboxes/{id}/{verb}"))).await
+    }
+
     pub async fn pack(&self, id: &str, req: &PackRequest) -> Result<ImageInfo> {
         self.json(self.req(Method::POST, &format!("/v1/sandboxes/{id}/pack")).json(req)).await
     }
@@ -184,5 +189,14 @@ impl Client {
 
     pub async fn import_tar(&self, name: &str, body: reqwest::Body) -> Result<ImageInfo> {
         self.json(self.req(Method::PUT, &format!("/v1/images/{name}/tar")).body(body)).await
+    }
+
+    pub async fn trajectory(&self, id: &str) -> Result<Trajectory> {
+        self.json(self.req(Method::GET, &format!("/v1/sandboxes/{id}/trajectory"))).await
+    }
+
+    /// Waits for the whole replay: one exec after the other, on the server.
+    pub async fn replay(&self, id: &str, req: &ReplayRequest) -> Result<ReplayReport> {
+        self.json(self.req(Method::POST, &format!("/v1/sandboxes/{id}/trajectory/replay")).json(req)).await
     }
 }

@@ -4,6 +4,7 @@
 mod client;
 mod image_cmd;
 mod serve;
+mod trajectory_cmd;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -56,6 +57,9 @@ enum Cmd {
     /// Import, pull, push, compose and inspect images.
     #[command(subcommand)]
     Image(ImageCmd),
+    /// Show a sandbox's trajectory log, or replay it in a fresh sandbox.
+    #[command(subcommand)]
+    Trajectory(trajectory_cmd::TrajectoryCmd),
 }
 
 #[derive(Args, Clone)]
@@ -246,6 +250,11 @@ enum SandboxCmd {
     Shell { id: String },
     /// Delete sandboxes (they end with reason `deleted`).
     Rm { ids: Vec<String> },
+    /// Freeze sandboxes: their processes stop where they are until resumed
+    /// (the next exec, session command or file call resumes one too).
+    Pause { ids: Vec<String> },
+    /// Let paused sandboxes run again.
+    Resume { ids: Vec<String> },
     /// Snapshot the sandbox's writable layer into a new image (`pack_diff`).
     Pack {
         id: String,
@@ -441,6 +450,12 @@ async fn real_main(cli: Cli) -> Result<i32> {
                         print(json, &client.delete(id).await?, sandbox_line);
                     }
                 }
+                SandboxCmd::Pause { ids } | SandboxCmd::Resume { ids } => {
+                    let verb = if matches!(c, SandboxCmd::Pause { .. }) { "pause" } else { "resume" };
+                    for id in ids {
+                        print(json, &client.pause_or_resume(id, verb).await?, sandbox_line);
+                    }
+                }
             }
             Ok(0)
         }
@@ -473,6 +488,7 @@ async fn real_main(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Cmd::Image(c) => image_cmd::run(&client, json, c).await.map(|_| 0),
+        Cmd::Trajectory(c) => trajectory_cmd::run(&client, json, c).await,
     }
 }
 

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use warren_backend::container::{ContainerConfig, ContainerDriver};
-use warren_node::{Node, NodeConfig, PoolSpec};
+use warren_backend::microvm::{MicroVmConfig, MicroVmDriver};
+use warren_node::{FunctionPoolSpec, Node, NodeConfig, PoolSpec};
 use warren_store::RedbStore;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -28,8 +29,20 @@ pub struct ServeArgs {
     /// Warm pool, e.g. `image=default,memory_mib=512,size=4` (repeatable).
     #[arg(long = "pool")]
     pub pools: Vec<PoolSpec>,
+    /// Warm pool of one-use function-call workers, e.g.
+    /// `image=default,min=2,max=8,queue=64,memory_mib=256` (repeatable).
+    #[arg(long = "function-pool")]
+    pub function_pools: Vec<FunctionPoolSpec>,
     #[arg(long, default_value_t = 4096)]
     pub max_sandboxes: usize,
+    /// Memory (MiB) the running sandboxes may ask for in all (paused ones do
+    /// not count); creates past it wait in the admission queue.
+    #[arg(long)]
+    pub max_memory_mib: Option<u64>,
+    /// Creates that may wait for room at once; one more is refused with
+    /// 429 `queue_full`.
+    #[arg(long, default_value_t = warren_api::DEFAULT_ADMISSION_QUEUE_LIMIT)]
+    pub admission_queue_limit: usize,
     /// End every sandbox when the server stops (instead of leaving them to be
     /// re-adopted by the next start).
     #[arg(long)]
@@ -41,6 +54,10 @@ pub struct ServeArgs {
     /// are kept (and answered) before they are deleted.
     #[arg(long, default_value_t = warren_node::DEFAULT_ENDED_RETENTION_SECS)]
     pub ended_retention_secs: u64,
+    /// How long a sandbox's trajectory log (`GET .../trajectory`) is kept
+    /// after the sandbox ended.
+    #[arg(long, default_value_t = warren_node::trajectory::DEFAULT_TRAJECTORY_RETENTION_SECS)]
+    pub trajectory_retention_secs: u64,
     /// IPv4 pool for `allowlist` sandboxes, split into one /30 each
     /// (default: a /20 of 10.128.0.0/9 picked by the instance name).
     #[arg(long)]
@@ -53,6 +70,15 @@ pub struct ServeArgs {
     /// `pypi`, `npm` and `debian` of the same name.
     #[arg(long)]
     pub network_presets: Option<PathBuf>,
+    /// API keys the E2B-compatible API accepts in `X-API-KEY` (repeatable,
+    /// or comma-separated in the environment variable). None: keys are not
+    /// checked, like the v1 API (see docs/e2b.md).
+    #[arg(long = "e2b-api-key", env = "WARREN_E2B_API_KEYS", value_delimiter = ',', hide_env_values = true)]
+    pub e2b_api_keys: Vec<String>,
+    /// The Warren image an E2B sandbox gets for E2B's default template
+    /// (`base`) or none.
+    #[arg(long, env = "WARREN_E2B_DEFAULT_TEMPLATE", default_value = warren_api::DEFAULT_IMAGE)]
+    pub e2b_default_template: String,
 }
 
 impl ServeArgs {
@@ -63,13 +89,19 @@ impl ServeArgs {
             instance: "warren-run".into(),
             init_binary: None,
             pools: Vec::new(),
+            function_pools: Vec::new(),
             max_sandboxes: 4096,
+            max_memory_mib: None,
+            admission_queue_limit: warren_api::DEFAULT_ADMISSION_QUEUE_LIMIT,
             destroy_on_exit: true,
             layer_cache_bytes: warren_node::DEFAULT_CACHE_BYTES,
             ended_retention_secs: warren_node::DEFAULT_ENDED_RETENTION_SECS,
+            trajectory_retention_secs: warren_node::trajectory::DEFAULT_TRAJECTORY_RETENTION_SECS,
             sandbox_net: None,
             dns_hosts: None,
             network_presets: None,
+            e2b_api_keys: Vec::new(),
+            e2b_default_template: warren_api::DEFAULT_IMAGE.to_string(),
         }
     }
 }
@@ -101,6 +133,7 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
     // has become an unprivileged host uid: it needs search (not read) permission.
     std::fs::set_permissions(&args.data_dir, std::os::unix::fs::PermissionsExt::from_mode(0o711))
         .with_context(|| format!("cannot set the mode of {}", args.data_dir.display()))?;
+    protect_the_node(&[args.instance.clone(), vm_instance(args)])?;
     let init_binary = match &args.init_binary {
         Some(p) => p.clone(),
         None => default_init_binary()?,
@@ -115,19 +148,24 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
         })
         .context("cannot start the container driver")?,
     );
-    let node = Node::start(
+    let vm_drivers = vm_drivers(args, &init_binary);
+    let node = Node::start_with(
         NodeConfig {
             data_dir: args.data_dir.clone(),
             instance: args.instance.clone(),
             init_binary,
             max_sandboxes: args.max_sandboxes,
+            max_memory_mib: args.max_memory_mib,
+            admission_queue_limit: args.admission_queue_limit,
             pools: args.pools.clone(),
+            function_pools: args.function_pools.clone(),
             layer_cache: Some((
                 warren_node::HolderCommand::current_exe()
                     .context("cannot find this binary for the layer cache's holder")?,
                 args.layer_cache_bytes,
             )),
             ended_retention: std::time::Duration::from_secs(args.ended_retention_secs),
+            trajectory_retention: std::time::Duration::from_secs(args.trajectory_retention_secs),
             network: warren_node::NetworkOptions {
                 pool: args.sandbox_net.clone(),
                 dns_hosts: args.dns_hosts.clone(),
@@ -136,6 +174,7 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
         },
         store,
         driver,
+        vm_drivers,
     )
     .await
     .context("cannot start the node")?;
@@ -145,10 +184,55 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
     let url = format!("http://{}", listener.local_addr()?);
     write_url_file(&args.data_dir, &url)?;
     let (stop, stopped) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(warren_control::serve(listener, node.clone(), async move {
+    let e2b = warren_control::E2bConfig {
+        api_keys: args.e2b_api_keys.iter().filter(|k| !k.is_empty()).cloned().collect(),
+        default_template: args.e2b_default_template.clone(),
+    };
+    let task = tokio::spawn(warren_control::serve_with_e2b(listener, node.clone(), e2b, async move {
         let _ = stopped.await;
     }));
     Ok(Running { url, node, stop, task })
+}
+
+/// The microVM driver when this host has QEMU and a cloud kernel; without
+/// them `microvm` creates answer `unsupported_backend` (logged once here).
+fn vm_drivers(
+    args: &ServeArgs,
+    init_binary: &Path,
+) -> std::collections::HashMap<warren_api::Backend, Arc<dyn warren_backend::Driver>> {
+    let mut drivers = std::collections::HashMap::new();
+    let config = MicroVmConfig::discover(args.data_dir.join("vm"), init_binary.to_path_buf(), vm_instance(args));
+    match config.and_then(MicroVmDriver::new) {
+        Ok(driver) => {
+            drivers.insert(warren_api::Backend::Microvm, Arc::new(driver) as Arc<dyn warren_backend::Driver>);
+        }
+        Err(e) => tracing::warn!("the microvm backend is unavailable: {e}"),
+    }
+    drivers
+}
+
+/// The cgroup instance of the microVM driver's QEMU processes.
+fn vm_instance(args: &ServeArgs) -> String {
+    format!("{}-vm", args.instance)
+}
+
+/// Keeps part of the host's memory and pid space out of reach of every
+/// sandbox (each cgroup instance's parents are capped at the host minus a
+/// reserve) and makes this process the OOM killer's last choice, so that
+/// sandboxes cannot starve the node agent (see `warren_guard::reserve`).
+fn protect_the_node(instances: &[String]) -> Result<()> {
+    use warren_guard::reserve;
+    let host = reserve::HostTotals::read().context("cannot read the host's memory and pid totals")?;
+    let keep = reserve::NodeReserve::default_for(&host);
+    for instance in instances {
+        let limits = reserve::cap_instance(instance, &host, &keep)
+            .with_context(|| format!("cannot cap the sandboxes of cgroup instance {instance}"))?;
+        tracing::info!(instance, memory_bytes = limits.memory_bytes, pids = limits.pids, "sandboxes capped together");
+    }
+    if !reserve::protect_agent_from_oom_killer().context("cannot lower the node agent's OOM score")? {
+        tracing::warn!("no CAP_SYS_RESOURCE: the node agent keeps its OOM score, like the sandboxes' PID 1s");
+    }
+    Ok(())
 }
 
 fn write_url_file(data_dir: &Path, url: &str) -> Result<()> {

@@ -10,8 +10,10 @@ server is found at ``url=``, else ``$WARREN_URL``, else http://127.0.0.1:7070.
 """
 
 from ._async import AsyncClient, AsyncFiles, AsyncSandbox, AsyncSession, AsyncSessions
+from ._async import replay as async_replay
+from ._async import run_code as async_run_code
 from ._core import DEFAULT_URL, RetryPolicy, __version__
-from ._sync import Client, Files, Sandbox, Session, Sessions
+from ._sync import Client, Files, Sandbox, Session, Sessions, replay, run_code
 from .errors import (
     Conflict,
     FileNotFound,
@@ -23,10 +25,12 @@ from .errors import (
     SandboxGone,
     ServerError,
     Timeout,
+    TrajectoryDiverged,
     Unsupported,
     WarrenConnectionError,
     WarrenError,
 )
+from .trajectory import ReplayReport, ReplayStep, StepResult, Trajectory, TrajectoryStep
 from .types import (
     Backend,
     End,
@@ -36,10 +40,13 @@ from .types import (
     ExecStatus,
     FileKind,
     FileStat,
+    FunctionResult,
+    FunctionTimings,
     Gap,
     Health,
     NetworkMode,
     Output,
+    QueuePosition,
     Resources,
     SandboxInfo,
     SandboxState,
@@ -70,6 +77,8 @@ __all__ = [
     "FileNotFound",
     "FileStat",
     "Files",
+    "FunctionResult",
+    "FunctionTimings",
     "Gap",
     "Health",
     "ImageNotFound",
@@ -78,7 +87,10 @@ __all__ = [
     "NoSpace",
     "NotFound",
     "Output",
+    "QueuePosition",
     "QuotaExceeded",
+    "ReplayReport",
+    "ReplayStep",
     "Resources",
     "RetryPolicy",
     "Sandbox",
@@ -92,11 +104,19 @@ __all__ = [
     "SessionInfo",
     "Sessions",
     "Started",
+    "StepResult",
     "StreamName",
     "Timeout",
+    "Trajectory",
+    "TrajectoryDiverged",
+    "TrajectoryStep",
     "Unsupported",
     "Usage",
     "WarrenConnectionError",
     "WarrenError",
     "__version__",
+    "async_replay",
+    "async_run_code",
+    "replay",
+    "run_code",
 ]

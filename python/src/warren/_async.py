@@ -9,6 +9,7 @@ file, then run ``python3 python/tools/gen_sync.py``.
 from __future__ import annotations
 
 import builtins
+import json
 import os
 import uuid
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
@@ -27,25 +28,34 @@ from ._core import (
     RetryPolicy,
     StreamCut,
     __version__,
+    batch_item_error,
+    batch_request,
     create_request,
     error_from_answer,
     exec_request,
     exec_result_from_json,
     file_params,
     filter_labels,
+    function_result_from_json,
     json_body,
     list_request,
+    queued_create,
     resolve_url,
+    run_function_request,
     sandbox_path,
     transport_error,
     upload_headers,
+    with_step,
 )
+from .trajectory import ReplayReport, Trajectory
 from .types import (
     ExecFrame,
     ExecResult,
     FileStat,
+    FunctionResult,
     Health,
     Output,
+    QueuePosition,
     SandboxInfo,
     SecurityEvents,
     SessionInfo,
@@ -160,6 +170,31 @@ class AsyncClient:
                 _remove_quietly(part)
                 raise
 
+    async def batch_frames(self, request: Request) -> AsyncGenerator[dict[str, Any], None]:
+        """The frames of a batch create, up to its ``done`` frame. A connection
+        that breaks sends the whole batch again (its items carry idempotency
+        keys): items already made answer with the same sandboxes."""
+        attempt = 0
+        while True:
+            try:
+                async with self._http.stream(**request.httpx_args(self.timeout)) as response:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        raise error_from_answer(response.status_code, response.content)
+                    async for line in response.aiter_lines():
+                        if not line.strip():
+                            continue
+                        frame = json.loads(line)
+                        yield frame
+                        if frame.get("type") == "done":
+                            return
+                raise StreamCut("the batch stream ended before its `done` frame")
+            except (httpx.TransportError, StreamCut) as e:
+                if not self.retry.should_retry(request, e, attempt):
+                    raise _give_up(e, request) from e
+                await io.sleep(self.retry.delay(attempt))
+                attempt += 1
+
     async def exec_frames(self, request: Request, stream: ExecStream) -> AsyncGenerator[ExecFrame, None]:
         """The frames of an exec stream. A connection that breaks after the
         exec started resumes from the byte offsets already seen (the command
@@ -232,6 +267,72 @@ async def _run_exec(
     return stream.result
 
 
+async def run_code(
+    code: str | None = None,
+    *,
+    language: str | None = None,
+    command: str | Sequence[str] | None = None,
+    image: str | None = None,
+    args: Sequence[str] = (),
+    stdin: str | bytes | None = None,
+    files: Mapping[str, str | bytes] | None = None,
+    fetch: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    timeout: float | None = None,
+    memory_mib: int | None = None,
+    cpus: float | None = None,
+    output_cap_bytes: int | None = None,
+    url: str | None = None,
+    client: AsyncClient | None = None,
+) -> FunctionResult:
+    """Runs ``code`` in ``language`` (``python``, ``bash``, ``sh``, ``c``,
+    ``cpp``, ``javascript``) - or ``command`` (a shell string, or an argv
+    list) - once, in a fresh worker of the function backend that is
+    destroyed afterwards: nothing of one call reaches the next.
+
+    ``files`` (path -> text or bytes; relative paths are under ``cwd``,
+    default ``/work``) are written first; ``fetch`` names paths read back
+    into ``result.files``. ``timeout`` (seconds, default 30) kills the whole
+    run, compilation included (``status == "timed_out"``); past
+    ``memory_mib`` the run ends ``oom``. An image without the language's
+    toolchain raises :class:`~warren.InvalidRequest` with ``field ==
+    "language"``; when every worker is busy and the server's queue is full,
+    :class:`~warren.QuotaExceeded` (``code == "queue_full"``).
+    """
+    c = _client(url, client)
+    request = run_function_request(
+        code,
+        language=language,
+        command=command,
+        image=image,
+        args=args,
+        stdin=stdin,
+        files=files,
+        fetch=fetch,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+        memory_mib=memory_mib,
+        cpus=cpus,
+        output_cap_bytes=output_cap_bytes,
+    )
+    return function_result_from_json(await c.call(request))
+
+
+async def replay(
+    sandbox_id: str, *, keep: bool = False, url: str | None = None, client: AsyncClient | None = None
+) -> ReplayReport:
+    """Re-runs sandbox ``sandbox_id``'s trajectory (also one deleted within
+    the server's trajectory retention) step by step in a fresh sandbox made
+    from the same image, resources and env, and reports for each step
+    whether its result matches (execs: status, exit code and output
+    digests). The fresh sandbox is deleted afterwards unless ``keep``."""
+    c = _client(url, client)
+    request = Request("POST", sandbox_path(sandbox_id, "/trajectory/replay"), json={"keep": keep}, long=True)
+    return ReplayReport.from_json(await c.call(request))
+
+
 class AsyncSandbox:
     """A handle on one sandbox. Make one with :meth:`create` or
     :meth:`connect`; ``async with`` deletes the sandbox on exit.
@@ -239,11 +340,19 @@ class AsyncSandbox:
     ``sb.files`` and ``sb.sessions`` hold the file and shell-session calls.
     """
 
-    def __init__(self, info: SandboxInfo, client: AsyncClient) -> None:
+    def __init__(self, info: SandboxInfo, client: AsyncClient, *, last_step: int = 0) -> None:
         self._info = info
         self.client = client
         self.files = AsyncFiles(self)
         self.sessions = AsyncSessions(self)
+        #: The trajectory step of this handle's last mutating call.
+        self.last_step = last_step
+
+    def _take_step(self, step: int | None) -> int:
+        """The step of the next mutating call: ``step`` when given (later
+        calls continue after it), else the one after the last."""
+        self.last_step = self.last_step + 1 if step is None else step
+        return self.last_step
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} {self._info.image} {self._info.state}>"
@@ -285,6 +394,7 @@ class AsyncSandbox:
         phases: Mapping[str, Any] | None = None,
         phase: str | None = None,
         idempotency_key: str | None = None,
+        queue: bool = False,
         url: str | None = None,
         client: AsyncClient | None = None,
     ) -> AsyncSandbox:
@@ -300,6 +410,10 @@ class AsyncSandbox:
         so a create resent after a broken connection answers with the same
         sandbox instead of making a second. Reusing a key with different
         parameters raises :class:`~warren.Conflict`.
+
+        A full node raises :class:`~warren.QuotaExceeded` at once, unless
+        ``queue=True``: the call then waits its turn in the node's admission
+        queue (``code == "queue_full"`` when that is full too).
         """
         c = _client(url, client)
         request = create_request(
@@ -319,6 +433,8 @@ class AsyncSandbox:
             phase=phase,
             idempotency_key=idempotency_key,
         )
+        if queue:
+            request = queued_create(request)
         return cls(SandboxInfo.from_json(await c.call(request)), c)
 
     @classmethod
@@ -327,44 +443,74 @@ class AsyncSandbox:
         n: int,
         image: str | None = None,
         *,
-        concurrency: int = 32,
         batch_key: str | None = None,
+        queue: bool = True,
+        on_queued: Callable[[QueuePosition], Any] | None = None,
         url: str | None = None,
         client: AsyncClient | None = None,
         **params: Any,
     ) -> builtins.list[AsyncSandbox | errors.WarrenError]:
-        """Makes ``n`` sandboxes alike (``params`` as for :meth:`create`), at
-        most ``concurrency`` at a time, and returns one entry per sandbox in
-        order: the sandbox, or the error that item met (a failed item does
-        not fail the others).
+        """Makes ``n`` sandboxes alike (``params`` as for :meth:`create`) with
+        one call to the server's batch endpoint, and returns one entry per
+        sandbox in order: the sandbox, or the error that item met (a failed
+        item does not fail the others).
+
+        When the node is full the batch waits in its admission queue (unless
+        ``queue=False``: the items that do not fit then fail with
+        :class:`~warren.QuotaExceeded`); ``on_queued`` receives a
+        :class:`~warren.QueuePosition` each time the position changes (with
+        the async API it may be a coroutine function). A full queue raises
+        :class:`~warren.QuotaExceeded` (``code == "queue_full"``).
 
         Item ``i`` is created with the idempotency key ``{batch_key}-{i}``:
         calling again with the same ``batch_key`` (e.g. after the training job
-        was preempted) answers with the same sandboxes instead of new ones.
-
-        Client-side for now: concurrent idempotent creates, not the server's
-        batch endpoint (no admission queue yet; a full node answers the
-        items it cannot place with :class:`~warren.QuotaExceeded`).
+        was preempted, or after a broken connection, which is retried this
+        way) answers with the same sandboxes instead of new ones.
         """
-        if n < 0 or concurrency < 1:
-            raise errors.InvalidRequest("n must be >= 0 and concurrency >= 1", code="invalid_request", field="n")
+        if isinstance(n, int) and not isinstance(n, bool) and n == 0:
+            return []
+        request = batch_request(n, image, params, batch_key or str(uuid.uuid4()), queue)
         c = _client(url, client)
-        key = batch_key or str(uuid.uuid4())
-
-        async def one(i: int) -> AsyncSandbox:
-            return await cls.create(image, client=c, idempotency_key=f"{key}-{i}", **params)
-
-        results: list[AsyncSandbox | errors.WarrenError] = await io.map_limited(one, range(n), concurrency)
-        return results
+        results: builtins.list[AsyncSandbox | errors.WarrenError | None] = [None] * n
+        async with aclosing(c.batch_frames(request)) as frames:
+            async for frame in frames:
+                kind = frame.get("type")
+                if kind == "queued" and on_queued is not None:
+                    await io.notify(on_queued, QueuePosition.from_json(frame))
+                elif kind == "item":
+                    sandbox = frame.get("sandbox")
+                    made = cls(SandboxInfo.from_json(sandbox), c) if sandbox else None
+                    results[int(frame["index"])] = made or batch_item_error(frame.get("error") or {})
+        missing = [i for i, r in enumerate(results) if r is None]
+        if missing:
+            raise errors.ServerError(f"the batch answered no result for items {missing}", code="bad_answer")
+        return [r for r in results if r is not None]
 
     @classmethod
     async def connect(
-        cls, sandbox_id: str, *, url: str | None = None, client: AsyncClient | None = None
+        cls,
+        sandbox_id: str,
+        *,
+        resume: bool = False,
+        url: str | None = None,
+        client: AsyncClient | None = None,
     ) -> AsyncSandbox:
-        """A handle on an existing sandbox (raises :class:`~warren.NotFound`)."""
+        """A handle on an existing sandbox (raises :class:`~warren.NotFound`).
+
+        With ``resume=True`` the handle numbers its calls from step 1 again:
+        a driver restarted after a crash or preemption re-issues its calls,
+        and those already in the sandbox's trajectory are answered from the
+        log without running again (a call that differs from the logged one
+        raises :class:`~warren.TrajectoryDiverged`); the first call past the
+        log runs for real. Without it, numbering continues after the log's
+        last step."""
         c = _client(url, client)
         data = await c.call(Request("GET", sandbox_path(sandbox_id), idempotent=True))
-        return cls(SandboxInfo.from_json(data), c)
+        last_step = 0
+        if not resume:
+            trajectory = await c.call(Request("GET", sandbox_path(sandbox_id, "/trajectory"), idempotent=True))
+            last_step = Trajectory.from_json(trajectory).last_step
+        return cls(SandboxInfo.from_json(data), c, last_step=last_step)
 
     @classmethod
     async def list(
@@ -389,6 +535,31 @@ class AsyncSandbox:
 
     refresh = info
 
+    async def trajectory(self) -> Trajectory:
+        """The sandbox's trajectory log: its origin and every mutating call
+        as a step, with the request's hash and the result."""
+        data = await self.client.call(Request("GET", sandbox_path(self.id, "/trajectory"), idempotent=True))
+        return Trajectory.from_json(data)
+
+    async def replay(self, *, keep: bool = False) -> ReplayReport:
+        """:func:`~warren.replay` of this sandbox's trajectory."""
+        return await replay(self.id, keep=keep, client=self.client)
+
+    async def pause(self) -> SandboxInfo:
+        """Freezes the sandbox: its processes stop where they are and make no
+        progress until :meth:`resume`, or until the next exec, session
+        command or file call, which resumes it. Its lifetime keeps counting,
+        its idle timeout does not."""
+        data = await self.client.call(Request("POST", sandbox_path(self.id, "/pause"), idempotent=True))
+        self._info = SandboxInfo.from_json(data)
+        return self._info
+
+    async def resume(self) -> SandboxInfo:
+        """Lets a paused sandbox run again (a no-op on a running one)."""
+        data = await self.client.call(Request("POST", sandbox_path(self.id, "/resume"), idempotent=True))
+        self._info = SandboxInfo.from_json(data)
+        return self._info
+
     async def delete(self) -> SandboxInfo:
         """Ends the sandbox (a no-op for one that already ended) and returns
         its final record."""
@@ -407,6 +578,7 @@ class AsyncSandbox:
         output_cap_bytes: int | None = None,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
+        step: int | None = None,
     ) -> ExecResult:
         """Runs a command to its end and returns its result.
 
@@ -417,11 +589,13 @@ class AsyncSandbox:
         while it arrives (with the async API they may be coroutine
         functions). A broken
         connection resumes the stream where it stopped; the command runs once.
+        ``step`` sets the call's trajectory step (default: the next one).
         """
         stream = ExecStream(self.id, output_cap_bytes or DEFAULT_OUTPUT_CAP_BYTES)
         request = exec_request(
             self.id, cmd, cwd=cwd, env=env, stdin=stdin, timeout=timeout, output_cap_bytes=output_cap_bytes
         )
+        request = with_step(request, self._take_step(step))
         return await _run_exec(self.client, request, stream, on_stdout, on_stderr)
 
     def exec_stream(
@@ -433,6 +607,7 @@ class AsyncSandbox:
         stdin: str | bytes | None = None,
         timeout: float | None = None,
         output_cap_bytes: int | None = None,
+        step: int | None = None,
     ) -> AsyncGenerator[ExecFrame, None]:
         """Runs a command and yields its frames as they come:
         :class:`~warren.Started`, :class:`~warren.Output` (bytes of one
@@ -445,7 +620,7 @@ class AsyncSandbox:
         request = exec_request(
             self.id, cmd, cwd=cwd, env=env, stdin=stdin, timeout=timeout, output_cap_bytes=output_cap_bytes
         )
-        return self.client.exec_frames(request, stream)
+        return self.client.exec_frames(with_step(request, self._take_step(step)), stream)
 
     async def exec_result(self, exec_id: str) -> ExecResult:
         """An exec's result by id (``status == "running"`` while it runs), with
@@ -466,14 +641,15 @@ class AsyncSandbox:
         )
         return SecurityEvents.from_json(await self.client.call(request))
 
-    async def set_phase(self, name: str, *, kill_running: bool = True) -> SandboxInfo:
+    async def set_phase(self, name: str, *, kill_running: bool = True, step: int | None = None) -> SandboxInfo:
         """Switches to one of the phases the sandbox was created with
         (``PUT /v1/sandboxes/{id}/phase``). With ``kill_running`` (the
         default) every process of earlier phases is killed; with ``False``
         they keep the rights of the phase they started in. Returns the
         sandbox's record."""
         body = {"name": name, "kill_running": kill_running}
-        data = await self.client.call(Request("PUT", sandbox_path(self.id, "/phase"), json=body, idempotent=True))
+        request = Request("PUT", sandbox_path(self.id, "/phase"), json=body)
+        data = await self.client.call(with_step(request, self._take_step(step)))
         self._info = SandboxInfo.from_json(data)
         return self._info
 
@@ -483,6 +659,7 @@ class AsyncSandbox:
         *,
         presets: Sequence[str] | None = None,
         rules: Sequence[Mapping[str, Any]] | None = None,
+        step: int | None = None,
     ) -> SandboxInfo:
         """Replaces the egress policy of an ``allowlist`` sandbox
         (``PUT /v1/sandboxes/{id}/network``): either a whole ``policy``
@@ -494,7 +671,8 @@ class AsyncSandbox:
             body["presets"] = list(presets)
         if rules is not None:
             body["rules"] = [dict(r) for r in rules]
-        data = await self.client.call(Request("PUT", sandbox_path(self.id, "/network"), json=body, idempotent=True))
+        request = Request("PUT", sandbox_path(self.id, "/network"), json=body)
+        data = await self.client.call(with_step(request, self._take_step(step)))
         self._info = SandboxInfo.from_json(data)
         return self._info
 
@@ -513,13 +691,16 @@ class AsyncSessions:
     def __init__(self, sandbox: AsyncSandbox) -> None:
         self._sandbox = sandbox
 
-    async def create(self, *, cwd: str | None = None, env: Mapping[str, str] | None = None) -> AsyncSession:
+    async def create(
+        self, *, cwd: str | None = None, env: Mapping[str, str] | None = None, step: int | None = None
+    ) -> AsyncSession:
         """Starts a session in ``cwd`` (default ``/``) with ``env`` added."""
         body: dict[str, Any] = {"env": dict(env or {})}
         if cwd is not None:
             body["cwd"] = cwd
         sb = self._sandbox
-        data = await sb.client.call(Request("POST", sandbox_path(sb.id, "/sessions"), json=body))
+        request = Request("POST", sandbox_path(sb.id, "/sessions"), json=body)
+        data = await sb.client.call(with_step(request, sb._take_step(step)))
         return AsyncSession(sb, SessionInfo.from_json(data))
 
     async def list(self) -> builtins.list[SessionInfo]:
@@ -568,6 +749,7 @@ class AsyncSession:
         output_cap_bytes: int | None = None,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
+        step: int | None = None,
     ) -> ExecResult:
         """Runs a shell command in the session (as :meth:`AsyncSandbox.exec`);
         ``cd`` and ``export`` in it last for the session's next commands."""
@@ -583,6 +765,7 @@ class AsyncSession:
             timeout=timeout,
             output_cap_bytes=output_cap_bytes,
         )
+        request = with_step(request, sb._take_step(step))
         return await _run_exec(sb.client, request, stream, on_stdout, on_stderr)
 
     def run_stream(
@@ -592,11 +775,12 @@ class AsyncSession:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        step: int | None = None,
     ) -> AsyncGenerator[ExecFrame, None]:
         """Like :meth:`run`, yielding the frames as they come."""
         sb = self._sandbox
         request = exec_request(sb.id, command, session_id=self.id, cwd=cwd, env=env, timeout=timeout)
-        return sb.client.exec_frames(request, ExecStream(sb.id))
+        return sb.client.exec_frames(with_step(request, sb._take_step(step)), ExecStream(sb.id))
 
     async def delete(self) -> None:
         await self._sandbox.sessions.delete(self.id)
@@ -620,7 +804,9 @@ class AsyncFiles:
     async def read_text(self, path: str, encoding: str = "utf-8") -> str:
         return (await self.read(path)).decode(encoding)
 
-    async def write(self, path: str, data: bytes | str, *, mode: int | None = None) -> FileStat:
+    async def write(
+        self, path: str, data: bytes | str, *, mode: int | None = None, step: int | None = None
+    ) -> FileStat:
         """Writes ``data`` to ``path`` (replaced atomically once complete);
         ``mode`` is the permission bits of a new file, e.g. ``0o755``."""
         payload = data.encode() if isinstance(data, str) else bytes(data)
@@ -632,9 +818,12 @@ class AsyncFiles:
             body=lambda: payload,
             headers=upload_headers(len(payload)),
         )
+        request = with_step(request, self._sandbox._take_step(step))
         return FileStat.from_json(await self._sandbox.client.call(request))
 
-    async def upload(self, local_path: str | os.PathLike[str], remote: str, *, mode: int | None = None) -> FileStat:
+    async def upload(
+        self, local_path: str | os.PathLike[str], remote: str, *, mode: int | None = None, step: int | None = None
+    ) -> FileStat:
         """Streams a local file of any size to ``remote``, one chunk in memory
         at a time. A broken upload is sent again from the start; the remote
         file is replaced only by a complete upload."""
@@ -647,6 +836,7 @@ class AsyncFiles:
             body=lambda: io.file_chunks(local_path),
             headers=upload_headers(size),
         )
+        request = with_step(request, self._sandbox._take_step(step))
         return FileStat.from_json(await self._sandbox.client.call(request))
 
     async def download(self, remote: str, local_path: str | os.PathLike[str]) -> int:
@@ -666,15 +856,18 @@ class AsyncFiles:
             return False
         return True
 
-    async def mkdir(self, path: str, *, parents: bool = True, mode: int | None = None) -> FileStat:
+    async def mkdir(
+        self, path: str, *, parents: bool = True, mode: int | None = None, step: int | None = None
+    ) -> FileStat:
         body: dict[str, Any] = {"path": path, "parents": parents}
         if mode is not None:
             body["mode"] = format(mode, "o")
-        return FileStat.from_json(await self._sandbox.client.call(self._request("POST", "/mkdir", json=body)))
+        request = with_step(self._request("POST", "/mkdir", json=body), self._sandbox._take_step(step))
+        return FileStat.from_json(await self._sandbox.client.call(request))
 
-    async def remove(self, path: str, *, recursive: bool = False) -> None:
-        request = self._request("DELETE", params=file_params(path, recursive=recursive), idempotent=True)
-        await self._sandbox.client.send(request)
+    async def remove(self, path: str, *, recursive: bool = False, step: int | None = None) -> None:
+        request = self._request("DELETE", params=file_params(path, recursive=recursive))
+        await self._sandbox.client.send(with_step(request, self._sandbox._take_step(step)))
 
     async def list(self, path: str) -> builtins.list[FileStat]:
         request = self._request("GET", "/list", params=file_params(path), idempotent=True)

@@ -10,7 +10,9 @@ result) and the retry policy. It performs no I/O, so ``Sandbox`` and
 from __future__ import annotations
 
 import base64
+import inspect
 import codecs
+import dataclasses
 import json
 import math
 import os
@@ -24,12 +26,15 @@ from typing import Any
 import httpx
 
 from . import errors
+from .trajectory import STEP_HEADER
 from .types import (
     End,
     EndReason,
     ExecFrame,
     ExecResult,
     ExecStatus,
+    FunctionResult,
+    FunctionTimings,
     Gap,
     Output,
     Started,
@@ -145,6 +150,61 @@ def create_request(
     return Request("POST", "/v1/sandboxes", json=body, idempotent=True)
 
 
+def queued_create(request: Request) -> Request:
+    """A create that waits in the node's admission queue while it is full:
+    no read timeout, the wait may be long."""
+    return dataclasses.replace(request, params={"queue": "true"}, long=True)
+
+
+def batch_request(n: int, image: str | None, params: Mapping[str, Any], batch_key: str, queue: bool) -> Request:
+    """``POST /v1/sandboxes/batch`` of ``n`` sandboxes made as ``create``
+    would make one from ``image`` and ``params``. Item ``i`` gets the
+    idempotency key ``{batch_key}-{i}``, so sending the batch again makes
+    nothing new."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise errors.InvalidRequest("n must be a whole number >= 1", code="invalid_request", field="n")
+    if "idempotency_key" in params:
+        raise errors.InvalidRequest(
+            "items take their keys from `batch_key`", code="invalid_request", field="idempotency_key"
+        )
+    fields = dict.fromkeys(inspect.signature(create_request).parameters)
+    unknown = sorted(set(params) - set(fields))
+    if unknown:
+        raise TypeError(f"create_many() got unexpected keyword arguments {unknown}")
+    fields.update(backend="container", **params, image=image)
+    template = create_request(**fields).json
+    body = {k: v for k, v in template.items() if k != "idempotency_key"}
+    return Request(
+        "POST",
+        "/v1/sandboxes/batch",
+        json={"count": n, "template": body, "batch_key": batch_key, "queue": queue},
+        idempotent=True,
+        long=True,
+    )
+
+
+# The HTTP status each error code answers with (a batch item's error has no status of its own).
+_STATUS_OF_CODE: dict[str, int] = {
+    "invalid_request": 400,
+    "unsupported_backend": 501,
+    "unsupported": 501,
+    "not_found": 404,
+    "image_not_found": 404,
+    "sandbox_ended": 410,
+    "idempotency_conflict": 409,
+    "capacity_exceeded": 503,
+    "queue_full": 429,
+    "limit_reached": 429,
+    "internal": 500,
+}
+
+
+def batch_item_error(body: Mapping[str, Any]) -> errors.WarrenError:
+    """The exception for a failed batch item, from its ``error`` object."""
+    code = str(body.get("code") or "internal")
+    return error_from_answer(_STATUS_OF_CODE.get(code, 500), json.dumps(dict(body)).encode())
+
+
 def list_request(labels: Mapping[str, str] | None, state: Any) -> Request:
     params: dict[str, str] = {}
     # The server filters on one label; the others are checked by `filter_labels`.
@@ -196,6 +256,77 @@ def exec_request(
     return Request("POST", sandbox_path(sandbox_id, rest), json=body, long=True)
 
 
+def run_function_request(
+    code: str | None,
+    *,
+    language: Any,
+    command: str | Sequence[str] | None,
+    image: str | None,
+    args: Sequence[str],
+    stdin: str | bytes | None,
+    files: Mapping[str, str | bytes] | None,
+    fetch: Sequence[str],
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    timeout: float | None,
+    memory_mib: int | None,
+    cpus: float | None,
+    output_cap_bytes: int | None,
+) -> Request:
+    """``POST /v1/functions/run``. Not retried after a broken connection: the
+    code would run twice."""
+    body: dict[str, Any] = {}
+    if code is not None:
+        body["code"] = code
+        if language is not None:
+            body["language"] = _enum_value(language)
+    elif language is not None:
+        body["language"] = _enum_value(language)
+    if isinstance(command, str):
+        body["command"] = command
+    elif command is not None:
+        body["argv"] = [str(a) for a in command]
+    if args:
+        body["args"] = [str(a) for a in args]
+    if isinstance(stdin, str):
+        body["stdin"] = stdin
+    elif stdin is not None:
+        body["stdin_b64"] = base64.b64encode(bytes(stdin)).decode("ascii")
+    for path, content in (files or {}).items():
+        if isinstance(content, str):
+            body.setdefault("files", {})[path] = content
+        else:
+            body.setdefault("files_b64", {})[path] = base64.b64encode(bytes(content)).decode("ascii")
+    optional = {
+        "image": image,
+        "fetch": [str(p) for p in fetch] if fetch else None,
+        "env": dict(env) if env else None,
+        "cwd": cwd,
+        "timeout_secs": float(timeout) if timeout is not None else None,
+        "memory_mib": memory_mib,
+        "cpus": cpus,
+        "output_cap_bytes": output_cap_bytes,
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    return Request("POST", "/v1/functions/run", json=body, long=True)
+
+
+def function_result_from_json(r: Mapping[str, Any]) -> FunctionResult:
+    files: dict[str, bytes | None] = {}
+    status: dict[str, str] = {}
+    for path, f in (r.get("files") or {}).items():
+        status[path] = f.get("status", "missing")
+        data = f.get("data_b64")
+        files[path] = base64.b64decode(data) if data is not None else None
+    return FunctionResult(
+        exec=exec_result_from_json(r["exec"]),
+        files=files,
+        file_status=status,
+        timings=FunctionTimings.from_json(r.get("timings") or {}),
+        warm_worker=bool(r.get("warm_worker", False)),
+    )
+
+
 def resume_request(sandbox_id: str, exec_id: str, stdout_offset: int, stderr_offset: int) -> Request:
     return Request(
         "GET",
@@ -213,6 +344,16 @@ def file_params(path: str, **extra: Any) -> dict[str, str]:
             continue
         params[k] = "true" if v is True else (format(v, "o") if k == "mode" and isinstance(v, int) else str(v))
     return params
+
+
+def with_step(request: Request, step: int) -> Request:
+    """``request`` as trajectory step ``step``. Safe to send again after a
+    broken connection: the server answers a logged step from its log (and
+    joins a running one) instead of running it twice."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise errors.InvalidRequest("a step is a whole number >= 1", code="invalid_request", field="step")
+    headers = {**(request.headers or {}), STEP_HEADER: str(step)}
+    return dataclasses.replace(request, headers=headers, idempotent=True)
 
 
 def upload_headers(size: int | None) -> dict[str, str]:
@@ -249,9 +390,11 @@ _BY_CODE: dict[str, type[errors.WarrenError]] = {
     "idempotency_conflict": errors.Conflict,
     "file_conflict": errors.Conflict,
     "image_in_use": errors.Conflict,
+    "trajectory_diverged": errors.TrajectoryDiverged,
     "capacity_exceeded": errors.QuotaExceeded,
     "no_space": errors.NoSpace,
     "limit_reached": errors.QuotaExceeded,
+    "queue_full": errors.QuotaExceeded,
     "registry_unavailable": errors.ServerError,
     "internal": errors.ServerError,
 }
@@ -297,6 +440,9 @@ def error_from_answer(status: int, content: bytes, *, backend: str | None = None
     kw: dict[str, Any] = {"code": code, "field": field_name, "status": status, "body": body}
     if cls is errors.SandboxGone:
         return errors.SandboxGone(message, reason=end_reason_of(message, body), **kw)
+    if cls is errors.TrajectoryDiverged:
+        d = body.get("divergence") if isinstance(body.get("divergence"), dict) else {}
+        return errors.TrajectoryDiverged(message, step=d.get("step"), expected=d.get("expected"), got=d.get("got"), **kw)
     if cls is errors.Unsupported:
         named = re.search(r"backend `(\w+)`", message)
         return errors.Unsupported(message, backend=named.group(1) if named else backend, **kw)
@@ -318,7 +464,9 @@ class RetryPolicy:
     """Exponential backoff with jitter for broken connections.
 
     Idempotent calls (GET, PUT, DELETE, creates with their idempotency key,
-    exec stream resumption) are retried on any transport error; every call
+    exec stream resumption, and every call with a trajectory step, which the
+    server answers from its log when it sees the step again) are retried on
+    any transport error; every call
     is retried when the connection could not even be opened (the request
     never left). Answers from the server (4xx, 5xx) are never retried.
     """

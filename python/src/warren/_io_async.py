@@ -65,3 +65,10 @@ async def map_limited(fn: Callable[[Any], Any], items: Iterable[Any], limit: int
                 return e
 
     return list(await asyncio.gather(*(one(item) for item in items)))
+
+
+async def notify(callback: Callable[[Any], Any], value: Any) -> None:
+    """Calls a progress callback with ``value``; a coroutine function is awaited."""
+    out = callback(value)
+    if inspect.isawaitable(out):
+        await out

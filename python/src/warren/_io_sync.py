@@ -63,3 +63,13 @@ def map_limited(fn: Callable[[Any], Any], items: Iterable[Any], limit: int) -> l
 
     with ThreadPoolExecutor(max_workers=limit) as pool:
         return list(pool.map(one, items))
+
+
+def notify(callback: Callable[[Any], Any], value: Any) -> None:
+    """Calls a progress callback with ``value``."""
+    out = callback(value)
+    if inspect.isawaitable(out):
+        close = getattr(out, "close", None)
+        if close is not None:
+            close()
+        raise TypeError("a coroutine function was given as a callback to the sync API; use AsyncSandbox")

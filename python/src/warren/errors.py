@@ -75,8 +75,24 @@ class Conflict(WarrenError):
     a different request, a path of the wrong type, an image in use."""
 
 
+class TrajectoryDiverged(Conflict):
+    """The call's trajectory step is already logged with a different
+    request: ``step`` is the step, ``expected`` the logged request's hash and
+    ``got`` this one's. A resumed driver that sends something else at a step
+    it already took gets this instead of a second, different run."""
+
+    def __init__(
+        self, message: str, *, step: int | None = None, expected: str | None = None, got: str | None = None, **kw: Any
+    ) -> None:
+        super().__init__(message, **kw)
+        self.step = step
+        self.expected = expected
+        self.got = got
+
+
 class QuotaExceeded(WarrenError):
     """No room right now: the node is full (HTTP 503 ``capacity_exceeded``),
+    its admission queue is full (429 ``queue_full``),
     the sandbox's own pids limit is full (429 ``limit_reached``, ``field``
     names the limit) or a rate limit answered 429. Trying again later may
     succeed."""

@@ -39,6 +39,8 @@ class NetworkMode(enum.StrEnum):
 class SandboxState(enum.StrEnum):
     CREATING = "creating"
     RUNNING = "running"
+    #: Frozen by ``pause()``; the next exec, session command or file call resumes it.
+    PAUSED = "paused"
     ENDING = "ending"
     ENDED = "ended"
 
@@ -133,6 +135,8 @@ class SandboxInfo:
     phases: dict[str, Any] = field(default_factory=dict)
     network_policy: dict[str, Any] | None = None
     idempotency_key: str | None = None
+    #: VM backends: what runs the guest (``"kvm"``, or ``"tcg"`` where KVM cannot run it).
+    accelerator: str | None = None
     #: The record exactly as the server sent it (fields newer than this package included).
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -162,6 +166,7 @@ class SandboxInfo:
             phases=dict(d.get("phases", {})),
             network_policy=d.get("network_policy"),
             idempotency_key=d.get("idempotency_key"),
+            accelerator=d.get("accelerator"),
             raw=dict(d),
         )
 
@@ -362,3 +367,77 @@ class Health:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Health:
         return cls(status=d["status"], version=d["version"], sandboxes_running=d.get("sandboxes_running", 0))
+
+
+@dataclass(frozen=True)
+class FunctionTimings:
+    """Where a function call's time went, in seconds: waiting for a free
+    worker (``queue``), claiming one and writing the files in (``setup``),
+    the run itself (``run``), reading files back (``fetch``), and the whole
+    call on the server (``total``)."""
+
+    queue: float
+    setup: float
+    run: float
+    fetch: float
+    total: float
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> FunctionTimings:
+        return cls(
+            queue=d.get("queue_secs", 0.0),
+            setup=d.get("setup_secs", 0.0),
+            run=d.get("run_secs", 0.0),
+            fetch=d.get("fetch_secs", 0.0),
+            total=d.get("total_secs", 0.0),
+        )
+
+
+@dataclass(frozen=True)
+class FunctionResult:
+    """The result of :func:`warren.run_code`: the run's :class:`ExecResult`
+    (``exec``), the fetched files (``files``: path as asked -> bytes, or
+    ``None`` when it was missing, not a regular file or too large;
+    ``file_status`` says which), the timings, and whether the worker came
+    warm from the pool. ``stdout``, ``stderr``, ``exit_code``, ``status``
+    and ``ok`` are the exec's."""
+
+    exec: ExecResult
+    files: dict[str, bytes | None]
+    file_status: dict[str, str]
+    timings: FunctionTimings
+    warm_worker: bool
+
+    @property
+    def stdout(self) -> str:
+        return self.exec.stdout
+
+    @property
+    def stderr(self) -> str:
+        return self.exec.stderr
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.exec.exit_code
+
+    @property
+    def status(self) -> ExecStatus:
+        return self.exec.status
+
+    @property
+    def ok(self) -> bool:
+        return self.exec.ok
+
+
+@dataclass(frozen=True)
+class QueuePosition:
+    """Progress of a ``create_many`` that waits in the node's admission
+    queue: its first waiting sandbox is at ``position`` (1 is admitted
+    next), and ``items_waiting`` of its sandboxes are not admitted yet."""
+
+    position: int
+    items_waiting: int
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> QueuePosition:
+        return cls(position=int(d["position"]), items_waiting=int(d["items_waiting"]))

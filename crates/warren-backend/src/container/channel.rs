@@ -173,7 +173,10 @@ struct OomWatch {
 
 impl OomWatch {
     fn exit_info(&self, exited: proto::Exited) -> ExitInfo {
-        let oom = self.cgroup.oom_kills().is_ok_and(|now| now > self.oom_kills_before);
+        // A microVM's init knows (the guest kernel's count); the cgroup
+        // here is QEMU's, whose own OOM kill ends the whole VM.
+        let oom =
+            exited.oom_killed.unwrap_or_else(|| self.cgroup.oom_kills().is_ok_and(|now| now > self.oom_kills_before));
         ExitInfo {
             exit_code: exited.exit_code,
             signal: exited.signal,
@@ -325,6 +328,7 @@ mod tests {
                 cpu_system_us: 7,
                 max_rss_bytes: 100,
                 session_state: None,
+                oom_killed: None,
             };
             respond(&mut s, &Response::Exited(exited)).await;
         })

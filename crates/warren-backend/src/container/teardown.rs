@@ -34,6 +34,11 @@ impl Remains {
     /// Removes all of it. Each step tolerates what is already gone, so this
     /// is idempotent and works on a sandbox that never finished.
     pub(crate) fn remove(&self) -> Result<()> {
+        if self.cgroup.is_frozen() {
+            // A paused sandbox: frozen tasks act on SIGKILL only once thawed,
+            // so waiting for PID 1 first would wait out the whole timeout.
+            self.cgroup.kill_all(KILL_TIMEOUT).map_err(cgroup_err)?;
+        }
         if let Some(pid1) = self.pid1 {
             kill_if_same(pid1);
             // PID 1 finishes exiting only after every other process of its

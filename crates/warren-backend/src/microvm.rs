@@ -1,0 +1,472 @@
+//! The microVM driver: a sandbox is a QEMU `-M microvm` guest running
+//! Debian's cloud kernel with `warren-init` as its PID 1, the image's
+//! layers as read-only virtio-blk disks stacked with overlayfs on a
+//! writable disk inside the guest.
+//!
+//! The host side (this module) owns the QEMU process, its cgroup, the
+//! sandbox's run directory (`<run_dir>/<id>/`: the writable disk, QEMU's
+//! port socket and the mux listener) and the mux task. Execs, pings and
+//! security events travel over the mux as over a container's control
+//! socket ([`crate::container::channel`]): the same code, the same frames.
+//!
+//! Resources: `cpus` -> vCPUs (rounded up) and the QEMU cgroup's CPU quota,
+//! `memory_mib` -> guest memory (QEMU's own cgroup allows the guest plus
+//! [`QEMU_OVERHEAD_MIB`]), `disk_mib` / `inodes` -> the writable ext4 disk.
+//!
+//! Invariants: a failed create and `destroy` leave no QEMU process,
+//! cgroup, disk or socket behind; QEMU never gets a host path beyond the
+//! kernel, the initramfs and its disks.
+//! Not yet: files, sessions' file side, phases with protected paths,
+//! pack_diff, egress networking, re-adoption after a node restart (the
+//! mux lives in the node process; a restarted node ends microVMs with
+//! `node_restarted`).
+
+mod disks;
+mod initramfs;
+mod mux;
+mod qemu;
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::process::Child;
+use tokio::sync::OnceCell;
+use warren_api::{Backend, Usage};
+use warren_guard::cgroup::{Limits, SandboxCgroup};
+
+pub use self::qemu::{Accel, AccelChoice};
+use self::qemu::{ConsoleTail, VmSpec};
+use crate::container::channel;
+use crate::{
+    BackendError, Driver, EventBatch, ExecProcess, ExecSpec, Liveness, Result, SandboxHandle, SandboxSpec, SweepReport,
+};
+
+/// A TCG boot of this kernel to init takes about two seconds here; a loaded
+/// two-core machine booting several at once needs far more.
+const BOOT_DEADLINE: Duration = Duration::from_secs(50);
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
+/// Memory QEMU itself needs beside the guest's (TCG's translation cache,
+/// device emulation, its own heap).
+pub const QEMU_OVERHEAD_MIB: u64 = 256;
+/// Below this the cloud kernel does not boot.
+pub const MIN_MEMORY_MIB: u64 = 128;
+/// QEMU's threads (vCPUs, I/O, RCU); nothing in the guest counts here.
+const QEMU_PIDS: u32 = 64;
+const MAX_ID_BYTES: usize = 40;
+
+#[derive(Debug, Clone)]
+pub struct MicroVmConfig {
+    /// Holds one directory per sandbox plus the driver's caches.
+    pub run_dir: PathBuf,
+    pub init_binary: PathBuf,
+    pub qemu: PathBuf,
+    pub kernel: PathBuf,
+    /// `/lib/modules/<release>` of `kernel`.
+    pub modules_dir: PathBuf,
+    /// Parent cgroup of the QEMU processes; must differ from the container
+    /// driver's (each driver sweeps everything under its own).
+    pub cgroup_instance: String,
+    pub accel: AccelChoice,
+}
+
+impl MicroVmConfig {
+    /// Finds QEMU and a Debian cloud kernel with its modules on this host
+    /// (`qemu-system-x86` and `linux-image-cloud-amd64`); `Err` names what
+    /// is missing. `WARREN_MICROVM_ACCEL=kvm|tcg` skips the KVM probe.
+    pub fn discover(run_dir: PathBuf, init_binary: PathBuf, cgroup_instance: String) -> Result<MicroVmConfig> {
+        let qemu = PathBuf::from("/usr/bin/qemu-system-x86_64");
+        if !qemu.is_file() {
+            return Err(BackendError::Setup(format!("{} not found (apt install qemu-system-x86)", qemu.display())));
+        }
+        let kernel = newest_cloud_kernel()?;
+        let release = kernel
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("vmlinuz-"))
+            .ok_or_else(|| BackendError::Setup(format!("unexpected kernel name {}", kernel.display())))?;
+        let modules_dir = PathBuf::from("/lib/modules").join(release);
+        if !modules_dir.is_dir() {
+            return Err(BackendError::Setup(format!("{} not found", modules_dir.display())));
+        }
+        let accel = match std::env::var("WARREN_MICROVM_ACCEL").as_deref() {
+            Ok("kvm") => AccelChoice::Force(Accel::Kvm),
+            Ok("tcg") => AccelChoice::Force(Accel::Tcg),
+            _ => AccelChoice::Auto,
+        };
+        Ok(MicroVmConfig { run_dir, init_binary, qemu, kernel, modules_dir, cgroup_instance, accel })
+    }
+}
+
+fn newest_cloud_kernel() -> Result<PathBuf> {
+    let entries = fs::read_dir("/boot").map_err(|e| BackendError::io("read /boot", e))?;
+    let mut kernels: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("vmlinuz-") && n.ends_with("-cloud-amd64"))
+        })
+        .collect();
+    kernels.sort();
+    kernels.pop().ok_or_else(|| {
+        BackendError::Setup("no /boot/vmlinuz-*-cloud-amd64 (apt install linux-image-cloud-amd64)".into())
+    })
+}
+
+/// What the node persists about a microVM.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct HandleState {
+    dir: PathBuf,
+    accel: Accel,
+}
+
+/// A running VM's host-side parts, owned by the driver.
+struct Running {
+    qemu: Child,
+    _mux: mux::Mux,
+}
+
+pub struct MicroVmDriver {
+    config: MicroVmConfig,
+    /// The initramfs, built on first use.
+    initramfs: OnceCell<PathBuf>,
+    accel: OnceCell<Accel>,
+    /// One build of a directory layer at a time (they are cached).
+    layer_build: tokio::sync::Mutex<()>,
+    running: Mutex<HashMap<String, Running>>,
+}
+
+impl MicroVmDriver {
+    pub fn new(mut config: MicroVmConfig) -> Result<MicroVmDriver> {
+        SandboxCgroup::new(&config.cgroup_instance, "probe").map_err(cgroup_err)?;
+        for dir in [config.run_dir.clone(), config.run_dir.join(".layers"), config.run_dir.join(".jail")] {
+            fs::create_dir_all(&dir).map_err(|e| BackendError::io(format!("mkdir {}", dir.display()), e))?;
+        }
+        config.run_dir = fs::canonicalize(&config.run_dir)
+            .map_err(|e| BackendError::io(format!("resolve {}", config.run_dir.display()), e))?;
+        Ok(MicroVmDriver {
+            config,
+            initramfs: OnceCell::new(),
+            accel: OnceCell::new(),
+            layer_build: tokio::sync::Mutex::new(()),
+            running: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn dir(&self, id: &str) -> PathBuf {
+        self.config.run_dir.join(id)
+    }
+
+    fn ctl_sock(&self, id: &str) -> PathBuf {
+        self.dir(id).join("ctl.sock")
+    }
+
+    fn cgroup(&self, id: &str) -> Result<SandboxCgroup> {
+        SandboxCgroup::new(&self.config.cgroup_instance, id).map_err(cgroup_err)
+    }
+
+    fn state(&self, handle: &SandboxHandle) -> Result<HandleState> {
+        check_id(&handle.id)?;
+        let state: HandleState = serde_json::from_value(handle.state.clone())
+            .map_err(|e| BackendError::Protocol(format!("bad microvm handle: {e}")))?;
+        if state.dir != self.dir(&handle.id) {
+            return Err(BackendError::Protocol(format!("handle of {} is not from this driver", handle.id)));
+        }
+        Ok(state)
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn initramfs(&self) -> Result<&Path> {
+        let path = self
+            .initramfs
+            .get_or_try_init(|| async {
+                let dest = self.config.run_dir.join(".initramfs.cpio");
+                let (init, modules, out) =
+                    (self.config.init_binary.clone(), self.config.modules_dir.clone(), dest.clone());
+                tokio::task::spawn_blocking(move || initramfs::build(&init, &modules, &out))
+                    .await
+                    .map_err(|e| BackendError::io("initramfs task", std::io::Error::other(e)))??;
+                Ok::<_, BackendError>(dest)
+            })
+            .await?;
+        Ok(path)
+    }
+
+    /// The accelerator every VM of this driver uses: KVM if it boots this
+    /// guest, TCG otherwise (probed once).
+    pub async fn accel(&self) -> Result<Accel> {
+        let initramfs = self.initramfs().await?.to_path_buf();
+        let accel = self
+            .accel
+            .get_or_init(|| async {
+                match self.config.accel {
+                    AccelChoice::Force(a) => a,
+                    AccelChoice::Auto => {
+                        let jail = self.config.run_dir.join(".jail");
+                        qemu::probe_kvm(&self.config.qemu, &self.config.kernel, &initramfs, &jail).await
+                    }
+                }
+            })
+            .await;
+        Ok(*accel)
+    }
+
+    async fn layer_files(&self, layers: &[PathBuf]) -> Result<Vec<PathBuf>> {
+        let _one_at_a_time = self.layer_build.lock().await;
+        let layers = layers.to_vec();
+        let cache = self.config.run_dir.join(".layers");
+        tokio::task::spawn_blocking(move || layers.iter().map(|l| disks::layer_file(l, &cache)).collect())
+            .await
+            .map_err(|e| BackendError::io("layer task", std::io::Error::other(e)))?
+    }
+
+    /// Everything after the directory and cgroup exist.
+    async fn boot(&self, spec: &SandboxSpec, dir: &Path, cgroup: &SandboxCgroup) -> Result<(Running, Accel)> {
+        let layers = self.layer_files(&spec.layers).await?;
+        let initramfs = self.initramfs().await?.to_path_buf();
+        let accel = self.accel().await?;
+        let writable = dir.join("rw.img");
+        disks::make_writable(&writable, spec.resources.disk_mib, spec.resources.inodes).await?;
+        let serial_sock = dir.join("port.sock");
+        let vm = VmSpec {
+            qemu: &self.config.qemu,
+            kernel: &self.config.kernel,
+            initramfs: &initramfs,
+            accel,
+            vcpus: (spec.resources.cpus.ceil() as u32).max(1),
+            memory_mib: spec.resources.memory_mib,
+            layers: &layers,
+            writable: &writable,
+            serial_sock: &serial_sock,
+            hostname: &spec.hostname,
+            jail: &self.config.run_dir.join(".jail"),
+        };
+        let mut child = qemu::spawn(&vm)?;
+        let console = ConsoleTail::default();
+        console.follow(&mut child);
+        let pid = child.id().ok_or_else(|| BackendError::Setup("QEMU exited at once".into()))?;
+        // Before its vCPUs run the guest: a moment of QEMU's start-up
+        // outside the cgroup is the price of not forking through it.
+        cgroup.add_pid(pid as i32).map_err(cgroup_err)?;
+        let ready = self.wait_ready(&mut child, &serial_sock, &self.ctl_sock(&spec.id)).await;
+        match ready {
+            Ok(mux) => Ok((Running { qemu: child, _mux: mux }, accel)),
+            Err(e) => {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                let tail = console.text();
+                let tail = tail.trim();
+                Err(match e {
+                    _ if tail.is_empty() => e,
+                    BackendError::Setup(why) => BackendError::Setup(format!("{why}; console: {tail}")),
+                    e => BackendError::Setup(format!("{e}; console: {tail}")),
+                })
+            }
+        }
+    }
+
+    /// Starts the mux and pings until init answers, QEMU dies or the
+    /// deadline passes.
+    async fn wait_ready(&self, child: &mut Child, serial_sock: &Path, ctl_sock: &Path) -> Result<mux::Mux> {
+        let deadline = tokio::time::Instant::now() + BOOT_DEADLINE;
+        let mux = mux::start(serial_sock, ctl_sock, Duration::from_secs(10)).await?;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(BackendError::Setup(format!("QEMU exited during boot ({status})")));
+            }
+            if channel::ping(ctl_sock, Duration::from_millis(500)).await {
+                return Ok(mux);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(BackendError::Setup(format!("the microVM's init did not answer within {BOOT_DEADLINE:?}")));
+            }
+        }
+    }
+
+    /// Kills QEMU (and anything else in its cgroup) and removes the cgroup
+    /// and the directory.
+    async fn remove(&self, id: &str) -> Result<()> {
+        let running = self.running().remove(id);
+        if let Some(mut running) = running {
+            let _ = running.qemu.start_kill();
+            let _ = running.qemu.wait().await;
+        }
+        let cgroup = self.cgroup(id)?;
+        let dir = self.dir(id);
+        tokio::task::spawn_blocking(move || {
+            cgroup.kill_all(Duration::from_secs(5)).map_err(cgroup_err)?;
+            cgroup.remove().map_err(cgroup_err)?;
+            match fs::remove_dir_all(&dir) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(BackendError::io(format!("remove {}", dir.display()), e)),
+            }
+        })
+        .await
+        .map_err(|e| BackendError::io("teardown task", std::io::Error::other(e)))?
+    }
+
+    /// Ids with a run directory or a cgroup.
+    fn known_ids(&self) -> Result<Vec<String>> {
+        let mut ids = SandboxCgroup::list(&self.config.cgroup_instance).map_err(cgroup_err)?;
+        let entries = fs::read_dir(&self.config.run_dir)
+            .map_err(|e| BackendError::io(format!("read {}", self.config.run_dir.display()), e))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.starts_with('.') && entry.file_type().is_ok_and(|t| t.is_dir()) {
+                ids.push(name);
+            }
+        }
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+}
+
+#[async_trait]
+impl Driver for MicroVmDriver {
+    fn backend(&self) -> Backend {
+        Backend::Microvm
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxHandle> {
+        check_id(&spec.id)?;
+        if !spec.phase.protected_paths.is_empty() {
+            return Err(BackendError::Unsupported("microvm", "phases with protected paths"));
+        }
+        if spec.network == warren_api::NetworkMode::Allowlist {
+            return Err(BackendError::Unsupported("microvm", "allowlist networking"));
+        }
+        if spec.resources.memory_mib < MIN_MEMORY_MIB {
+            return Err(BackendError::Unsupported("microvm", "memory below 128 MiB"));
+        }
+        let dir = self.dir(&spec.id);
+        match fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(BackendError::Setup(format!("sandbox {} exists already", dir.display())))
+            }
+            Err(e) => return Err(BackendError::io(format!("mkdir {}", dir.display()), e)),
+        }
+        let cgroup = self.cgroup(&spec.id)?;
+        let limits = Limits {
+            memory_bytes: spec.resources.memory_mib.saturating_add(QEMU_OVERHEAD_MIB).saturating_mul(1 << 20),
+            cpus: spec.resources.cpus,
+            pids: QEMU_PIDS,
+        };
+        let booted = match cgroup.create(&limits).map_err(cgroup_err) {
+            Ok(()) => self.boot(spec, &dir, &cgroup).await,
+            Err(e) => Err(e),
+        };
+        match booted {
+            Ok((running, accel)) => {
+                self.running().insert(spec.id.clone(), running);
+                let state = HandleState { dir, accel };
+                let state = serde_json::to_value(&state).map_err(|e| BackendError::Protocol(e.to_string()))?;
+                Ok(SandboxHandle { id: spec.id.clone(), backend: Backend::Microvm, state })
+            }
+            Err(e) => {
+                let _ = self.remove(&spec.id).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn exec(&self, handle: &SandboxHandle, spec: ExecSpec) -> Result<ExecProcess> {
+        let _ = self.state(handle)?;
+        if !self.running().contains_key(&handle.id) {
+            return Err(BackendError::Gone);
+        }
+        channel::start_exec(&self.ctl_sock(&handle.id), spec, self.cgroup(&handle.id)?).await
+    }
+
+    async fn destroy(&self, handle: &SandboxHandle) -> Result<()> {
+        check_id(&handle.id)?;
+        self.remove(&handle.id).await
+    }
+
+    async fn probe(&self, handle: &SandboxHandle) -> Liveness {
+        if self.state(handle).is_err() {
+            return Liveness::Dead { oom: false };
+        }
+        let exited = match self.running().get_mut(&handle.id) {
+            Some(running) => !matches!(running.qemu.try_wait(), Ok(None)),
+            None => true,
+        };
+        if !exited && channel::ping(&self.ctl_sock(&handle.id), PING_TIMEOUT).await {
+            return Liveness::Alive;
+        }
+        let oom = self.cgroup(&handle.id).and_then(|cg| cg.oom_kills().map_err(cgroup_err)).is_ok_and(|n| n > 0);
+        Liveness::Dead { oom }
+    }
+
+    fn accelerator(&self, handle: &SandboxHandle) -> Option<Accel> {
+        self.state(handle).ok().map(|s| s.accel)
+    }
+
+    async fn events(&self, handle: &SandboxHandle, after_seq: u64) -> Result<EventBatch> {
+        let _ = self.state(handle)?;
+        channel::events(&self.ctl_sock(&handle.id), after_seq).await
+    }
+
+    fn usage(&self, handle: &SandboxHandle) -> Result<Usage> {
+        let _ = self.state(handle)?;
+        if !self.running().contains_key(&handle.id) {
+            return Err(BackendError::Gone);
+        }
+        let counters = self.cgroup(&handle.id)?.usage().map_err(cgroup_err)?;
+        let rw = self.dir(&handle.id).join("rw.img");
+        Ok(Usage {
+            memory_bytes: counters.memory_bytes,
+            memory_peak_bytes: counters.memory_peak_bytes,
+            cpu_time_secs: counters.cpu_time_ns as f64 / 1e9,
+            // QEMU's threads; the guest's processes are not visible here.
+            pids: counters.pids,
+            disk_bytes: disks::allocated_bytes(&rw)
+                .map_err(|e| BackendError::io(format!("stat {}", rw.display()), e))?,
+        })
+    }
+
+    async fn sweep(&self, keep: &[String]) -> Result<SweepReport> {
+        let mut report = SweepReport::default();
+        for id in self.known_ids()? {
+            if keep.contains(&id) && self.running().contains_key(&id) {
+                continue;
+            }
+            self.remove(&id).await?;
+            report.sandboxes_removed.push(id);
+        }
+        Ok(report)
+    }
+
+    async fn release(&self) -> Result<()> {
+        if !self.running().is_empty() {
+            return Ok(());
+        }
+        SandboxCgroup::remove_instance(&self.config.cgroup_instance).map_err(cgroup_err)
+    }
+}
+
+fn check_id(id: &str) -> Result<()> {
+    let valid = !id.is_empty()
+        && id.len() <= MAX_ID_BYTES
+        && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if valid {
+        Ok(())
+    } else {
+        Err(BackendError::Setup(format!("invalid sandbox id {id:?}: use 1-{MAX_ID_BYTES} of [a-z0-9-]")))
+    }
+}
+
+fn cgroup_err(e: warren_guard::cgroup::CgroupError) -> BackendError {
+    BackendError::io("cgroup", std::io::Error::other(e))
+}

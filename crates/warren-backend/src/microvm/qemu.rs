@@ -1,0 +1,194 @@
+//! QEMU's command line for one microVM, the accelerator probe, and the
+//! console's bounded tail.
+//!
+//! The machine is `-M microvm` with virtio-mmio devices only: one
+//! virtio-serial port for the node (`warren.ctl`), one virtio-blk disk per
+//! layer (read-only, serial `wl<i>`) and the writable disk (serial `wrw`).
+//! QEMU opens the kernel, the initramfs and the disks, then confines itself:
+//! `-chroot` into an empty directory and `-runas nobody` (so it holds no
+//! host path and no capability), under its own seccomp filter (`-sandbox
+//! on`, denying obsolete calls, spawning and resource control). Its filter
+//! must allow the `setuid` of `-runas` itself (QEMU installs the filter
+//! first); after it no capability is left to regain root with. There is no
+//! network device and no shared host directory.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::{Child, Command};
+
+use crate::{BackendError, Result};
+
+/// Bytes of console output kept (what a failed boot printed last).
+const CONSOLE_TAIL_BYTES: usize = 16 << 10;
+/// How long a guest may take to power itself off under KVM in the probe;
+/// under a KVM that cannot run it the guest never gets there.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(6);
+/// TCG's translation cache: QEMU's default (1 GiB) would dwarf a small
+/// guest's memory.
+const TCG_TB_MIB: u32 = 64;
+
+/// How the guest's CPU runs (the API's type: it is reported as is).
+pub use warren_api::Accelerator as Accel;
+
+/// What the operator asked for (`WARREN_MICROVM_ACCEL`): probe, or force one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccelChoice {
+    Auto,
+    Force(Accel),
+}
+
+/// Everything one QEMU process is started with.
+pub struct VmSpec<'a> {
+    pub qemu: &'a Path,
+    pub kernel: &'a Path,
+    pub initramfs: &'a Path,
+    pub accel: Accel,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    pub layers: &'a [PathBuf],
+    pub writable: &'a Path,
+    pub serial_sock: &'a Path,
+    pub hostname: &'a str,
+    /// An empty directory QEMU chroots into once it has opened its files.
+    pub jail: &'a Path,
+}
+
+/// Kernel arguments every boot shares. Under TCG the guest's TSC is the
+/// host's, and calibrating it against emulated timers either fails (no
+/// PIT) or, with the legacy PIT and PIC on, livelocks on timer interrupts
+/// when the host is busy: the guest is told the host's TSC rate instead,
+/// and the machine has no legacy PIT or PIC (the RTC stays: it sets the
+/// guest's clock).
+fn base_append() -> String {
+    let khz = host_tsc_khz();
+    // loops_per_jiffy at HZ=250; only udelay before the TSC takes over uses it.
+    format!("console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check tsc_early_khz={khz} lpj={}", khz * 4)
+}
+
+/// The host's TSC rate, measured once against the monotonic clock.
+fn host_tsc_khz() -> u64 {
+    static KHZ: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *KHZ.get_or_init(|| {
+        let read = || {
+            // SAFETY: RDTSC reads a counter; every x86-64 CPU has it and it
+            // touches no memory.
+            unsafe { std::arch::x86_64::_rdtsc() }
+        };
+        let (t0, c0) = (std::time::Instant::now(), read());
+        std::thread::sleep(Duration::from_millis(50));
+        let (elapsed, cycles) = (t0.elapsed(), read().wrapping_sub(c0));
+        let khz = cycles as u128 * 1_000_000 / elapsed.as_nanos().max(1);
+        u64::try_from(khz).unwrap_or(2_000_000).clamp(100_000, 10_000_000)
+    })
+}
+
+fn machine_args(cmd: &mut Command, qemu_accel: Accel, memory_mib: u64, vcpus: u32, jail: &Path) {
+    let accel = match qemu_accel {
+        Accel::Kvm => "kvm".to_string(),
+        Accel::Tcg => format!("tcg,tb-size={TCG_TB_MIB}"),
+    };
+    cmd.args(["-M", "microvm,pit=off,pic=off,rtc=on,isa-serial=on", "-accel", &accel])
+        .args(["-cpu", if qemu_accel == Accel::Kvm { "host" } else { "max" }])
+        .args(["-m", &memory_mib.to_string(), "-smp", &vcpus.to_string()])
+        .args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"])
+        .args(["-chardev", "stdio,id=con,signal=off", "-serial", "chardev:con"])
+        .args(["-sandbox", "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"])
+        .arg("-chroot")
+        .arg(jail)
+        .args(["-runas", "nobody"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+}
+
+/// Starts QEMU for `spec`. The child is killed when dropped.
+pub fn spawn(spec: &VmSpec<'_>) -> Result<Child> {
+    let mut cmd = Command::new(spec.qemu);
+    machine_args(&mut cmd, spec.accel, spec.memory_mib, spec.vcpus, spec.jail);
+    let append = format!("{} warren.layers={} warren.hostname={}", base_append(), spec.layers.len(), spec.hostname);
+    cmd.arg("-kernel").arg(spec.kernel).arg("-initrd").arg(spec.initramfs).args(["-append", &append]);
+    cmd.args(["-device", "virtio-serial-device,max_ports=2"])
+        .arg("-chardev")
+        .arg(format!("socket,id=ctl,path={},server=on,wait=off", drive_path(spec.serial_sock)?))
+        .args(["-device", &format!("virtserialport,chardev=ctl,name={}", warren_init::mux::PORT_NAME)]);
+    for (i, layer) in spec.layers.iter().enumerate() {
+        cmd.arg("-drive")
+            .arg(format!("id=l{i},file={},format=raw,if=none,readonly=on", drive_path(layer)?))
+            .args(["-device", &format!("virtio-blk-device,drive=l{i},serial=wl{i}")]);
+    }
+    cmd.arg("-drive")
+        .arg(format!("id=rw,file={},format=raw,if=none,cache=unsafe", drive_path(spec.writable)?))
+        .args(["-device", "virtio-blk-device,drive=rw,serial=wrw"]);
+    cmd.spawn().map_err(|e| BackendError::io(format!("start {}", spec.qemu.display()), e))
+}
+
+/// QEMU's option syntax splits on commas (`,,` escapes one).
+fn drive_path(path: &Path) -> Result<String> {
+    let s = path.to_str().ok_or_else(|| BackendError::Setup(format!("{} is not UTF-8", path.display())))?;
+    Ok(s.replace(',', ",,"))
+}
+
+/// Whether KVM boots this guest: the guest's init powers off at once when
+/// told `warren.probe`. This host's KVM is paravirtual (PVM) and spins
+/// forever on an ordinary guest kernel, so only a clean exit in time counts.
+pub async fn probe_kvm(qemu: &Path, kernel: &Path, initramfs: &Path, jail: &Path) -> Accel {
+    if std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_err() {
+        return Accel::Tcg;
+    }
+    let mut cmd = Command::new(qemu);
+    machine_args(&mut cmd, Accel::Kvm, 128, 1, jail);
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    cmd.arg("-kernel").arg(kernel).arg("-initrd").arg(initramfs);
+    cmd.args(["-append", &format!("{} warren.probe", base_append())]);
+    let Ok(mut child) = cmd.spawn() else { return Accel::Tcg };
+    match tokio::time::timeout(PROBE_TIMEOUT, child.wait()).await {
+        Ok(Ok(status)) if status.success() => Accel::Kvm,
+        _ => {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            Accel::Tcg
+        }
+    }
+}
+
+/// The last [`CONSOLE_TAIL_BYTES`] of what QEMU and the guest printed.
+#[derive(Clone, Default)]
+pub struct ConsoleTail(Arc<Mutex<VecDeque<u8>>>);
+
+impl ConsoleTail {
+    /// Keeps reading `child`'s output until it closes.
+    pub fn follow(&self, child: &mut Child) {
+        for out in [child.stdout.take().map(boxed), child.stderr.take().map(boxed)].into_iter().flatten() {
+            let tail = self.clone();
+            tokio::spawn(async move { tail.read_all(out).await });
+        }
+    }
+
+    async fn read_all(&self, mut out: Box<dyn AsyncRead + Send + Unpin>) {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = out.read(&mut buf).await {
+            if n == 0 {
+                return;
+            }
+            let mut tail = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            tail.extend(&buf[..n]);
+            let excess = tail.len().saturating_sub(CONSOLE_TAIL_BYTES);
+            tail.drain(..excess);
+        }
+    }
+
+    pub fn text(&self) -> String {
+        let tail = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        String::from_utf8_lossy(&tail.iter().copied().collect::<Vec<u8>>()).into_owned()
+    }
+}
+
+fn boxed<R: AsyncRead + Send + Unpin + 'static>(r: R) -> Box<dyn AsyncRead + Send + Unpin> {
+    Box::new(r)
+}

@@ -1,0 +1,282 @@
+//! PID 1 of a microVM: the kernel runs this binary as `/init` from the
+//! initramfs the node built (this binary plus the kernel modules it needs).
+//!
+//! Boot: mount the kernel filesystems, load the modules (virtio, block,
+//! console, EROFS, overlayfs), find the disks by their serials (`wl<i>`
+//! for image layer `i`, bottom first, `wrw` for the writable disk), stack
+//! them with overlayfs, switch into the overlay, install the seccomp
+//! profile, start the phase leader and serve the node over the
+//! virtio-serial port (see [`warren_init::mux`]).
+//!
+//! The node passes what init needs on the kernel command line:
+//! `warren.layers=<n>`, `warren.hostname=<name>`, and `warren.probe` (power
+//! off as soon as init runs: the node's check that an accelerator can boot
+//! this guest at all).
+//!
+//! On any failure init prints why on the console and powers the VM off; the
+//! node sees QEMU exit and reports the console's tail.
+
+mod port;
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustix::fs::{Mode, OFlags};
+use rustix::mount::{MountFlags, MountPropagationFlags};
+
+use crate::error::{InitError, StepContext};
+use crate::events::EventLog;
+use crate::leader::{StartError, LANDLOCK_OPTIONAL};
+use crate::phase::Phases;
+use crate::reaper::Registry;
+use crate::{seccomp, serve, sys};
+use warren_init::proto::PhaseRules;
+
+/// Where the initramfs keeps the modules and their load order.
+const MODULES_DIR: &str = "/modules";
+/// How long the devices may take to appear after their drivers loaded.
+const DEVICE_WAIT: Duration = Duration::from_secs(20);
+const NEW_ROOT: &str = "/newroot";
+/// Serial of the writable disk; layer `i`'s is `wl<i>`.
+const RW_SERIAL: &str = "wrw";
+
+/// What the kernel command line says.
+struct BootArgs {
+    layers: usize,
+    hostname: String,
+    probe: bool,
+}
+
+/// Set once this process is a microVM's PID 1: only then is
+/// `/proc/vmstat` this sandbox's own.
+static IN_VM: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The guest kernel's count of OOM kills; `None` outside a microVM (a
+/// container's `/proc/vmstat` is the host's: there the node reads the
+/// sandbox's cgroup instead).
+pub fn oom_kills() -> Option<u64> {
+    if !IN_VM.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
+    let vmstat = std::fs::read_to_string("/proc/vmstat").ok()?;
+    vmstat.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|n| n.trim().parse().ok())
+}
+
+/// The VM's PID 1. Never returns.
+pub fn run() -> ! {
+    IN_VM.store(true, std::sync::atomic::Ordering::Relaxed);
+    match boot() {
+        Ok(Booted::Probe) => power_off(),
+        Ok(Booted::Serving { phases, events, port }) => port::serve(port, serve::Shared::new(phases, events)),
+        Err(e) => {
+            eprintln!("warren-init: {e}");
+            power_off()
+        }
+    }
+}
+
+enum Booted {
+    Probe,
+    Serving { phases: Arc<Phases>, events: Arc<EventLog>, port: OwnedFd },
+}
+
+fn boot() -> Result<Booted, InitError> {
+    mount_kernel_fs("")?;
+    let args = boot_args()?;
+    if args.probe {
+        return Ok(Booted::Probe);
+    }
+    load_modules()?;
+    let devices = wait_for_devices(args.layers)?;
+    stack_root(&devices)?;
+    // Taken while the initramfs is still `/`: leaders and session commands
+    // exec this very binary through the descriptor.
+    let self_exe =
+        rustix::fs::open("/init", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).step(|| "open /init".into())?;
+    let self_exe = settle_fds(self_exe)?;
+    switch_root()?;
+    rustix::system::sethostname(args.hostname.as_bytes()).step(|| "sethostname".into())?;
+    sys::bring_loopback_up().step(|| "bring up lo".into())?;
+    let port = rustix::fs::open(&devices.port, OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOCTTY, Mode::empty())
+        .step(|| format!("open {}", devices.port.display()))?;
+    let events = seccomp::start()?;
+    LANDLOCK_OPTIONAL.store(true, std::sync::atomic::Ordering::Relaxed);
+    let registry = Registry::start().step(|| "start the reaper".into())?;
+    let phases = Phases::start(registry, self_exe, PhaseRules::default()).map_err(|e| match e {
+        StartError::Rejected(message) => InitError::PhaseRejected(message),
+        StartError::Io(e) => InitError::Sys { step: "start the phase leader".into(), source: e },
+    })?;
+    Ok(Booted::Serving { phases: Arc::new(phases), events, port })
+}
+
+fn mount_kernel_fs(root: &str) -> Result<(), InitError> {
+    for (fstype, target, flags) in [
+        ("devtmpfs", "/dev", MountFlags::NOSUID),
+        ("proc", "/proc", MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC),
+        ("sysfs", "/sys", MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC),
+    ] {
+        let target = format!("{root}{target}");
+        mkdir_all(Path::new(&target))?;
+        rustix::mount::mount(fstype, target.as_str(), fstype, flags, None)
+            .step(|| format!("mount {fstype} on {target}"))?;
+    }
+    Ok(())
+}
+
+fn boot_args() -> Result<BootArgs, InitError> {
+    let cmdline = std::fs::read_to_string("/proc/cmdline").step(|| "read /proc/cmdline".into())?;
+    let mut args = BootArgs { layers: 0, hostname: "sandbox".into(), probe: false };
+    for word in cmdline.split_ascii_whitespace() {
+        if let Some(n) = word.strip_prefix("warren.layers=") {
+            args.layers = n.parse().map_err(|_| InitError::Refused(format!("bad {word}")))?;
+        } else if let Some(name) = word.strip_prefix("warren.hostname=") {
+            args.hostname = name.to_string();
+        } else if word == "warren.probe" {
+            args.probe = true;
+        }
+    }
+    if args.layers == 0 && !args.probe {
+        return Err(InitError::Refused("no warren.layers on the kernel command line".into()));
+    }
+    Ok(args)
+}
+
+/// Loads the modules in the order the node wrote to `/modules/order`.
+fn load_modules() -> Result<(), InitError> {
+    let order = std::fs::read_to_string(format!("{MODULES_DIR}/order")).step(|| "read the module order".into())?;
+    for name in order.lines().filter(|l| !l.is_empty()) {
+        let path = format!("{MODULES_DIR}/{name}.ko");
+        let file = rustix::fs::open(path.as_str(), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+            .step(|| format!("open {path}"))?;
+        match rustix::system::finit_module(&file, c"", 0) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e).step(|| format!("load module {name}")),
+        }
+    }
+    Ok(())
+}
+
+/// The block devices and the control port, by what the node named them.
+struct Devices {
+    layers: Vec<PathBuf>,
+    rw: PathBuf,
+    port: PathBuf,
+}
+
+fn wait_for_devices(layers: usize) -> Result<Devices, InitError> {
+    let started = Instant::now();
+    loop {
+        if let Some(found) = find_devices(layers) {
+            return Ok(found);
+        }
+        if started.elapsed() > DEVICE_WAIT {
+            return Err(InitError::Refused(format!(
+                "the disks ({layers} layers + writable) and the control port did not appear within {DEVICE_WAIT:?}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn find_devices(layers: usize) -> Option<Devices> {
+    let mut by_serial = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/sys/block").ok()?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Ok(serial) = std::fs::read_to_string(entry.path().join("serial")) {
+            by_serial.insert(serial.trim().to_string(), PathBuf::from(format!("/dev/{name}")));
+        }
+    }
+    let layers = (0..layers).map(|i| by_serial.get(&format!("wl{i}")).cloned()).collect::<Option<Vec<_>>>()?;
+    let rw = by_serial.get(RW_SERIAL)?.clone();
+    let mut port = None;
+    for entry in std::fs::read_dir("/sys/class/virtio-ports").ok()?.flatten() {
+        let name = std::fs::read_to_string(entry.path().join("name")).unwrap_or_default();
+        if name.trim() == warren_init::mux::PORT_NAME {
+            port = Some(PathBuf::from(format!("/dev/{}", entry.file_name().to_string_lossy())));
+        }
+    }
+    let port = port.filter(|p| p.exists())?;
+    let all_there = layers.iter().chain([&rw]).all(|d| d.exists());
+    all_there.then_some(Devices { layers, rw, port })
+}
+
+/// Layers read-only (EROFS), the writable disk (ext4, made by the node),
+/// and the overlay of them at [`NEW_ROOT`].
+fn stack_root(devices: &Devices) -> Result<(), InitError> {
+    let mut lower = Vec::with_capacity(devices.layers.len());
+    for (i, disk) in devices.layers.iter().enumerate() {
+        let target = format!("/layers/{i}");
+        mkdir_all(Path::new(&target))?;
+        rustix::mount::mount(disk, target.as_str(), "erofs", MountFlags::RDONLY, None)
+            .step(|| format!("mount layer {i} ({}) as erofs", disk.display()))?;
+        lower.push(target);
+    }
+    mkdir_all(Path::new("/rw"))?;
+    rustix::mount::mount(&devices.rw, "/rw", "ext4", MountFlags::NOATIME, None)
+        .step(|| format!("mount the writable disk {}", devices.rw.display()))?;
+    for dir in ["/rw/upper", "/rw/work", NEW_ROOT] {
+        mkdir_all(Path::new(dir))?;
+    }
+    // overlayfs lists the top layer first.
+    lower.reverse();
+    let options = std::ffi::CString::new(format!("lowerdir={},upperdir=/rw/upper,workdir=/rw/work", lower.join(":")))
+        .map_err(|_| InitError::Refused("a layer path holds a NUL byte".into()))?;
+    rustix::mount::mount("overlay", NEW_ROOT, "overlay", MountFlags::empty(), Some(options.as_c_str()))
+        .step(|| "mount the overlay root".into())
+}
+
+/// Keeps fds 3 and 4 taken for good (session commands overwrite them in
+/// the child, as in a container) and puts this binary at 5.
+fn settle_fds(self_exe: OwnedFd) -> Result<OwnedFd, InitError> {
+    use std::os::fd::{AsRawFd, IntoRawFd};
+    // First, so that filling 3 and 4 cannot land on it.
+    let self_exe = sys::move_fd(self_exe, crate::pid1::SELF_EXE_FD).step(|| "move /init's descriptor".into())?;
+    for fd in [3, 4] {
+        let null = rustix::fs::open("/dev/null", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
+            .step(|| "open /dev/null".into())?;
+        let held =
+            if null.as_raw_fd() == fd { null } else { sys::move_fd(null, fd).step(|| format!("hold fd {fd}"))? };
+        let _kept_forever = held.into_raw_fd();
+    }
+    Ok(self_exe)
+}
+
+/// Moves the kernel filesystems into the overlay and makes it `/` (the
+/// initramfs cannot be `pivot_root`ed away: move and chroot, as
+/// `switch_root` does).
+fn switch_root() -> Result<(), InitError> {
+    for dir in ["/dev", "/proc", "/sys"] {
+        let target = format!("{NEW_ROOT}{dir}");
+        mkdir_all(Path::new(&target))?;
+        rustix::mount::mount_move(dir, target.as_str()).step(|| format!("move {dir} into the new root"))?;
+    }
+    rustix::process::chdir(NEW_ROOT).step(|| "chdir to the new root".into())?;
+    rustix::mount::mount_move(".", "/").step(|| "move the new root onto /".into())?;
+    rustix::process::chroot(".").step(|| "chroot into the new root".into())?;
+    rustix::process::chdir("/").step(|| "chdir /".into())?;
+    rustix::mount::mount_change("/", MountPropagationFlags::PRIVATE | MountPropagationFlags::REC)
+        .step(|| "make mounts private".into())?;
+    for (fstype, target, options) in
+        [("devpts", "/dev/pts", c"newinstance,ptmxmode=0666,mode=0620"), ("tmpfs", "/dev/shm", c"mode=1777")]
+    {
+        mkdir_all(Path::new(target))?;
+        rustix::mount::mount(fstype, target, fstype, MountFlags::NOSUID | MountFlags::NOEXEC, Some(options))
+            .step(|| format!("mount {fstype} on {target}"))?;
+    }
+    Ok(())
+}
+
+fn mkdir_all(path: &Path) -> Result<(), InitError> {
+    std::fs::create_dir_all(path).step(|| format!("mkdir {}", path.display()))
+}
+
+fn power_off() -> ! {
+    // SAFETY: `sync` takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    let _ = rustix::system::reboot(rustix::system::RebootCommand::PowerOff);
+    // Only reached if the kernel refused: PID 1 exiting panics the kernel,
+    // and `panic=-1` with `-no-reboot` ends QEMU just the same.
+    sys::exit_now(1)
+}

@@ -1,0 +1,311 @@
+//! The function-call backend: `POST /v1/functions/run` runs one call in a
+//! fresh worker that is destroyed afterwards, with files in and out, a
+//! deadline and a memory limit; calls beyond the pool's workers queue, a
+//! full queue answers 429; `backend: "function"` sandboxes run every exec
+//! in a fresh worker. The busybox test image has `sh` only; the
+//! interpreted and compiled languages run against the default image when
+//! it was built (`scripts/make-default-image.sh`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use base64::Engine as _;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use warren_api::{ErrorCode, ExecStatus, FetchStatus, FunctionResult};
+use warren_tests::*;
+
+const POOL: &str = "image=busybox,min=1,max=2,queue=4,memory_mib=64,disk_mib=16,pids=128";
+const DEFAULT_ROOTFS: &str = "/var/cache/warren/default-rootfs";
+
+async fn try_run(server: &TestServer, body: &Value) -> (StatusCode, Value) {
+    server.call(Method::POST, "/v1/functions/run", Some(body)).await
+}
+
+async fn run(server: &TestServer, mut body: Value) -> FunctionResult {
+    if body.get("image").is_none() {
+        body["image"] = json!("busybox");
+    }
+    let (status, answer) = try_run(server, &body).await;
+    assert_eq!(status, StatusCode::OK, "{body} -> {answer}\nlog:\n{}", server.log_tail(30));
+    serde_json::from_value(answer.clone()).unwrap_or_else(|e| panic!("cannot parse {answer}: {e}"))
+}
+
+fn out(r: &FunctionResult) -> &str {
+    &r.exec.output.as_ref().expect("a function result carries its output").stdout.text
+}
+
+fn fetched(r: &FunctionResult, path: &str) -> String {
+    let f = &r.files[path];
+    assert_eq!(f.status, FetchStatus::Ok, "{path}: {f:?}");
+    let data = base64::engine::general_purpose::STANDARD.decode(f.data_b64.as_deref().unwrap_or_default()).unwrap();
+    String::from_utf8(data).unwrap()
+}
+
+#[tokio::test]
+async fn sh_code_reads_stdin_and_files_and_its_outputs_come_back() {
+    let server = TestServer::start_with(&["--function-pool", POOL]).await;
+    let r = run(
+        &server,
+        json!({
+            "language": "sh",
+            "code": "read name; echo \"hello $name from $(pwd)\"; cat data/in.txt; echo result > out.txt; echo oops >&2; exit 3",
+            "stdin": "judge\n",
+            "files": {"data/in.txt": "input line\n"},
+            "fetch": ["out.txt", "/nothing/here"],
+        }),
+    )
+    .await;
+    assert_eq!(r.exec.status, ExecStatus::Ok);
+    assert_eq!(r.exec.exit_code, Some(3));
+    assert_eq!(out(&r), "hello judge from /work\ninput line\n");
+    assert_eq!(r.exec.output.as_ref().unwrap().stderr.text, "oops\n");
+    assert_eq!(fetched(&r, "out.txt"), "result\n");
+    assert_eq!(r.files["/nothing/here"].status, FetchStatus::Missing);
+    let t = r.timings;
+    assert!(t.total_secs >= t.run_secs && t.run_secs > 0.0 && t.queue_secs >= 0.0, "{t:?}");
+
+    let argv = run(&server, json!({"argv": ["/bin/echo", "a b"], "cwd": "/srv"})).await;
+    assert_eq!(out(&argv), "a b\n");
+    let cmd = run(&server, json!({"command": "pwd; echo $GREETING", "env": {"GREETING": "hi"}})).await;
+    assert_eq!(out(&cmd), "/work\nhi\n");
+    let binary = run(&server, json!({"command": "od -An -tx1 blob", "files_b64": {"blob": "AAH/"}})).await;
+    assert_eq!(out(&binary).split_whitespace().collect::<Vec<_>>(), ["00", "01", "ff"]);
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn bad_calls_are_refused_naming_the_field() {
+    let server = TestServer::start_with(&["--function-pool", POOL]).await;
+    let cases = [
+        (json!({"image": "busybox"}), ErrorCode::InvalidRequest, "code"),
+        (json!({"image": "busybox", "code": "print(1)"}), ErrorCode::InvalidRequest, "language"),
+        (json!({"image": "busybox", "language": "cobol", "code": "x"}), ErrorCode::InvalidRequest, "language"),
+        (json!({"image": "busybox", "command": "true", "timeout_secs": 0}), ErrorCode::InvalidRequest, "timeout_secs"),
+        (json!({"image": "busybox", "command": "true", "memory_mib": 1}), ErrorCode::InvalidRequest, "memory_mib"),
+        (
+            json!({"image": "busybox", "command": "true", "fetch": ["../../etc/shadow"]}),
+            ErrorCode::InvalidRequest,
+            "fetch",
+        ),
+        (
+            json!({"image": "busybox", "command": "true", "files_b64": {"x": "%%%"}}),
+            ErrorCode::InvalidRequest,
+            "files_b64",
+        ),
+        (json!({"image": "busybox", "command": "true", "colour": 1}), ErrorCode::InvalidRequest, "colour"),
+        (json!({"image": "nope", "command": "true"}), ErrorCode::InvalidRequest, "image"),
+    ];
+    for (body, code, field) in cases {
+        let (status, answer) = try_run(&server, &body).await;
+        if let Some(why) = api_error_mismatch(status, &answer, code, Some(field)) {
+            panic!("{body}: {why}");
+        }
+    }
+    // busybox has sh but no python, compiler or node: the language is named.
+    for language in ["python", "bash", "c", "cpp", "javascript"] {
+        let body = json!({"image": "busybox", "language": language, "code": "x"});
+        let (status, answer) = try_run(&server, &body).await;
+        assert_api_error(status, &answer, ErrorCode::InvalidRequest, Some("language"));
+        let message = answer["message"].as_str().unwrap_or_default();
+        assert!(message.contains(language) && message.contains("busybox"), "{message}");
+    }
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn a_call_past_its_deadline_is_killed_and_one_past_its_memory_is_oom() {
+    let server = TestServer::start_with(&["--function-pool", POOL]).await;
+    let slow = run(&server, json!({"command": "echo started; sleep 600", "timeout_secs": 1})).await;
+    assert_eq!(slow.exec.status, ExecStatus::TimedOut, "{slow:?}");
+    assert_eq!(out(&slow), "started\n");
+    // tail keeps everything after the last newline, and /dev/zero has none.
+    let hog = run(&server, json!({"command": "head -c 400m /dev/zero | tail", "memory_mib": 32})).await;
+    assert_eq!(hog.exec.status, ExecStatus::Oom, "{hog:?}");
+    let after = run(&server, json!({"command": "echo fine"})).await;
+    assert_eq!(out(&after), "fine\n");
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn nothing_of_one_call_reaches_the_next() {
+    let server = TestServer::start_with(&["--function-pool", POOL]).await;
+    let first = run(
+        &server,
+        json!({"command": "echo secret > /root/answer; echo x > /work/left; (setsid sleep 900 </dev/null >/dev/null 2>&1 &); hostname"}),
+    )
+    .await;
+    assert_eq!(first.exec.status, ExecStatus::Ok);
+    for _ in 0..3 {
+        let next = run(
+            &server,
+            json!({"command": "cat /root/answer /work/left 2>&1; ps -o comm | grep -c '^sleep$'; hostname"}),
+        )
+        .await;
+        let text = out(&next);
+        assert!(!text.contains("secret") && !text.contains("x\n"), "a file leaked between calls: {text}");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[lines.len() - 2], "0", "a process leaked between calls: {text}");
+        assert_ne!(lines[lines.len() - 1], out(&first).trim(), "a worker was used twice");
+    }
+    // The one-use workers are destroyed: the leak check at the end finds none.
+    server.finish().await;
+}
+
+/// Waits until a process whose command line is exactly `cmdline` runs on
+/// the host (inside some worker).
+async fn wait_for_process(cmdline: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let found = std::fs::read_dir("/proc").into_iter().flatten().flatten().any(|e| {
+            let raw = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(String::from_utf8_lossy).collect::<Vec<_>>().join(" ")
+                == cmdline
+        });
+        if found {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "`{cmdline}` never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn calls_beyond_the_workers_queue_and_a_full_queue_answers_429() {
+    let server = TestServer::start_with(&["--function-pool", "image=busybox,min=1,max=1,queue=1,memory_mib=64"]).await;
+    let marker = "sleep 3.14159";
+    let body = json!({"image": "busybox", "argv": ["sleep", "3.14159"]});
+    let busy = {
+        let (http, url, body) = (server.http.clone(), server.url.clone(), body.clone());
+        tokio::spawn(async move {
+            api::json_response(api::send(http.post(format!("{url}/v1/functions/run")).json(&body)).await).await
+        })
+    };
+    wait_for_process(marker).await;
+    // The one worker is busy: one of these two waits in the queue, the other finds it full.
+    let quick = json!({"image": "busybox", "command": "echo queued"});
+    let (a, b) = tokio::join!(try_run(&server, &quick), try_run(&server, &quick));
+    let (queued, refused) = if a.0 == StatusCode::OK { (a, b) } else { (b, a) };
+    assert_eq!(queued.0, StatusCode::OK, "one call queues: {queued:?} / {refused:?}");
+    assert_api_error(refused.0, &refused.1, ErrorCode::QueueFull, Some("image"));
+    let queued: FunctionResult = serde_json::from_value(queued.1).unwrap();
+    assert_eq!(out(&queued), "queued\n");
+    assert!(queued.timings.queue_secs > 0.0, "it waited for the busy worker: {:?}", queued.timings);
+    let (status, first) = busy.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(first["exec"]["status"], "ok");
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn a_function_sandbox_runs_every_exec_in_a_fresh_worker() {
+    let server = TestServer::start_with(&["--function-pool", POOL]).await;
+    let sb = server.create(small(json!({"backend": "function", "memory_mib": 64, "disk_mib": 16, "pids": 128}))).await;
+    assert_eq!(sb.backend, warren_api::Backend::Function);
+    let first = server.sh(&sb.id, "echo kept > /root/state; hostname").await;
+    assert_eq!(first.status, ExecStatus::Ok, "{first:?}");
+    let second = server.sh(&sb.id, "cat /root/state 2>/dev/null || echo gone; hostname").await;
+    let lines: Vec<&str> = stdout(&second).lines().collect();
+    assert_eq!(lines[0], "gone", "an exec of a function sandbox saw an earlier one's file");
+    assert_ne!(lines[1], stdout(&first).trim(), "two execs shared a worker");
+
+    // What needs state between calls is refused naming the backend.
+    let (status, body) =
+        server.call(Method::POST, &format!("/v1/sandboxes/{}/sessions", sb.id), Some(&json!({}))).await;
+    assert_api_error(status, &body, ErrorCode::Unsupported, None);
+    assert!(body["message"].as_str().unwrap_or_default().contains("function"), "{body}");
+    let (status, body) = server.stat(&sb.id, "/").await;
+    assert_api_error(status, &body, ErrorCode::Unsupported, None);
+    let phased = small(json!({"backend": "function", "phases": {"a": {}}, "phase": "a"}));
+    let (status, body) = server.try_create(&phased).await;
+    assert_api_error(status, &body, ErrorCode::Unsupported, None);
+
+    // A deadline on a function sandbox's exec works as on a container's.
+    let r = server
+        .exec_wait(
+            &sb.id,
+            &warren_api::ExecRequest { timeout_secs: Some(1.0), ..warren_api::ExecRequest::shell("sleep 600") },
+        )
+        .await;
+    assert_eq!(r.status, ExecStatus::TimedOut);
+    server.delete(&sb.id).await;
+    server.finish().await;
+}
+
+/// python, C and C++ (and javascript when node is there) against the
+/// default image, which `scripts/test.sh` builds (cached) before the tests.
+#[tokio::test]
+async fn the_default_images_languages_run() {
+    assert!(
+        Path::new(DEFAULT_ROOTFS).join(".warren-complete").exists(),
+        "no default image at {DEFAULT_ROOTFS}: run `scripts/make-default-image.sh {DEFAULT_ROOTFS}` (scripts/test.sh does)"
+    );
+    let server = TestServer::start().await;
+    let (status, body) =
+        server.call(Method::POST, "/v1/images", Some(&json!({"name": "default", "dir": DEFAULT_ROOTFS}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let py = run(
+        &server,
+        json!({"image": "default", "language": "python", "code": "import sys\nprint(sum(map(int, sys.stdin.read().split())), sys.argv[1:])", "stdin": "1 2 3", "args": ["x"]}),
+    )
+    .await;
+    assert_eq!(out(&py), "6 ['x']\n", "{py:?}");
+    let c = run(
+        &server,
+        json!({"image": "default", "language": "c", "code": "#include <stdio.h>\nint main(int c, char **v) { printf(\"%d %s\\n\", 6 * 7, v[1]); return 0; }", "args": ["arg"]}),
+    )
+    .await;
+    assert_eq!(out(&c), "42 arg\n", "{c:?}");
+    let broken = run(&server, json!({"image": "default", "language": "c", "code": "int main( {"})).await;
+    assert_ne!(broken.exec.exit_code, Some(0));
+    assert!(broken.exec.output.as_ref().unwrap().stderr.text.contains("error"), "{broken:?}");
+    for (language, code, tool) in [("cpp", "int main() {}", "/usr/bin/g++"), ("javascript", "1", "/usr/bin/node")] {
+        let body = json!({"image": "default", "language": language, "code": code});
+        let (status, answer) = try_run(&server, &body).await;
+        if Path::new(DEFAULT_ROOTFS).join(tool.trim_start_matches('/')).exists() {
+            assert_eq!(status, StatusCode::OK, "{answer}");
+        } else {
+            assert_api_error(status, &answer, ErrorCode::InvalidRequest, Some("language"));
+        }
+    }
+    server.finish().await;
+}
+
+async fn pool_of(server: &TestServer) -> Option<warren_api::FunctionPoolInfo> {
+    let (status, body) = server.call(Method::GET, "/v1/functions/pools", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let list: warren_api::FunctionPoolList = serde_json::from_value(body).unwrap();
+    list.pools.into_iter().find(|p| p.image == "busybox")
+}
+
+/// Polls the pool until `want` holds (bounded).
+async fn wait_pool(server: &TestServer, what: &str, want: impl Fn(&warren_api::FunctionPoolInfo) -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        // The filler makes the configured pool once the image is imported.
+        let pool = pool_of(server).await;
+        if pool.as_ref().is_some_and(&want) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what} never happened: {pool:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_pool_grows_with_demand_and_shrinks_back_within_its_bounds() {
+    let server = TestServer::start_with(&["--function-pool", "image=busybox,min=1,max=3,queue=8,memory_mib=64"]).await;
+    wait_pool(&server, "the pool filling to min", |p| p.idle == 1 && p.target == 1).await;
+    // Five calls at once: three run (max), two wait; demand peaks at five.
+    let body = json!({"image": "busybox", "argv": ["sleep", "1"]});
+    let calls: Vec<_> = (0..5).map(|_| try_run(&server, &body)).collect();
+    let answers = futures_util::future::join_all(calls).await;
+    for (status, answer) in answers {
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+    let grown = pool_of(&server).await.expect("the pool is listed");
+    assert_eq!(grown.target, 3, "the target follows the peak, capped at max: {grown:?}");
+    wait_pool(&server, "the pool growing to its target", |p| p.idle == 3).await;
+    wait_pool(&server, "the pool shrinking back to min after quiet windows", |p| p.idle == 1 && p.target == 1).await;
+    server.finish().await;
+}
