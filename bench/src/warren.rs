@@ -629,6 +629,9 @@ impl Contestant for WarrenContestant {
         let parts = crate::pause::measure(&self.client, plan)?;
         self.count_server_cpu("pause+resume", before, plan.samples + plan.warmup);
         self.c.parts.extend(parts);
+        crate::progress("Warren: pause and resume of a microVM");
+        let parts = crate::pause::measure_microvm(&self.client, plan)?;
+        self.c.parts.extend(parts);
         self.c.commands.push(("pause".into(), crate::pause::DESCRIPTION.into()));
         crate::progress("Warren: warm pool claim+exec");
         match self.warm(plan) {

@@ -741,5 +741,29 @@ pub fn seccomp_rules() -> Vec<Case> {
         };
         cases.push(Case::new(format!("seccomp_rule_{}", rule.syscall), script, expect));
     }
+    cases.push(off_the_allowlist());
     cases
+}
+
+/// Calls no deny rule names are refused too: real ones the allowlist
+/// leaves out (`EPERM`) and numbers the kernel's table did not have when
+/// the profile was written (`ENOSYS`), each recorded.
+fn off_the_allowlist() -> Case {
+    let number = |name: &str| syscall_number(name).expect("a known call");
+    let calls = [
+        (number("vhangup"), "vhangup".to_string(), "EPERM"),
+        (number("modify_ldt"), "modify_ldt".to_string(), "EPERM"),
+        (number("fanotify_init"), "fanotify_init".to_string(), "EPERM"),
+        (400, "#400".to_string(), "ENOSYS"),
+        (470, "#470".to_string(), "ENOSYS"),
+        (1000, "#1000".to_string(), "ENOSYS"),
+    ];
+    let mut script = String::new();
+    let mut expect = Expect::default();
+    for (nr, syscall, errno) in calls {
+        script.push_str(&format!("{{probe}} sys {nr} 0 0 0\n"));
+        expect = expect.has(format!("sys{nr} -1 {errno}"));
+        expect.seccomp_detail.push((syscall, format!("syscall {nr} not allowed")));
+    }
+    Case::new("seccomp_calls_off_the_allowlist", script, expect)
 }

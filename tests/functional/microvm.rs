@@ -3,7 +3,10 @@
 //! cases of `exec.rs` run against one VM per test (a TCG boot takes
 //! seconds, so the cases share it), plus what only a VM has: the
 //! accelerator in the sandbox's info, and a delete that leaves no QEMU
-//! process, disk, socket or cgroup behind.
+//! process, disk, socket or cgroup behind. Pause and resume (QMP `stop` /
+//! `cont`) are checked inside the guest: a counter read through exec does
+//! not move across a pause, and moves again after it. The file cases of `files.rs`
+//! run against one VM too: there the guest's init resolves the paths.
 //!
 //! Needs `qemu-system-x86` and `linux-image-cloud-amd64`
 //! (`scripts/setup-host.sh` installs both); without them every test here
@@ -12,8 +15,13 @@
 use std::path::Path;
 use std::time::Duration;
 
+use bytes::Bytes;
+use reqwest::StatusCode;
 use serde_json::json;
-use warren_api::{ErrorCode, ExecFrame, ExecRequest, ExecStatus, SandboxInfo, StreamName};
+use warren_api::{
+    EndReason, ErrorCode, ExecFrame, ExecRequest, ExecStatus, FileKind, FileList, FileStat, SandboxInfo, SandboxState,
+    StreamName,
+};
 use warren_tests::*;
 
 /// Enough for the cloud kernel, the initramfs and busybox.
@@ -139,7 +147,7 @@ async fn exec_cases_run_in_a_microvm_as_in_a_container() {
 }
 
 #[tokio::test]
-async fn sessions_and_events_work_and_files_answer_unsupported_in_a_microvm() {
+async fn sessions_and_events_work_in_a_microvm() {
     require_qemu_and_kernel();
     let server = TestServer::start().await;
     let sb = create_vm(&server, json!({})).await;
@@ -161,10 +169,260 @@ async fn sessions_and_events_work_and_files_answer_unsupported_in_a_microvm() {
         assert!(syscalls.contains(&wanted), "no `{wanted}` event in {syscalls:?}");
     }
 
-    let (status, body) = server.put_file(&sb.id, "/tmp/x", "x", None).await;
-    assert_api_error(status, &body, ErrorCode::Unsupported, None);
-
     delete_leaves_nothing(&server, &sb.id).await;
+    server.finish().await;
+}
+
+const MIB: usize = 1 << 20;
+
+/// Deterministic bytes that no compression or zero page can fake.
+fn pattern(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// A request body sent in 64 KiB chunks, never as one buffer.
+fn chunked_body(data: &[u8]) -> reqwest::Body {
+    let chunks: Vec<Result<Bytes, std::io::Error>> =
+        data.chunks(64 * 1024).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+    reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))
+}
+
+fn parse<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+    serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("cannot parse {v}: {e}"))
+}
+
+/// The file cases of `files.rs` on one VM: a streamed multi-MiB round trip
+/// (and the trajectory's record of it), stat/list/mkdir/remove with their
+/// typed errors, modes and ownership, `..` and symlinks that stay inside
+/// the guest's root (for reads, writes, mkdir and remove), and a full
+/// writable disk that refuses an upload with `no_space` and keeps no
+/// staged remains; a file request resumes a paused VM.
+#[tokio::test]
+async fn file_api_works_in_a_microvm_as_in_a_container() {
+    require_qemu_and_kernel();
+    let server = TestServer::start().await;
+    let sb = create_vm(&server, json!({})).await;
+    let id = sb.id.as_str();
+
+    // Round trip, streamed both ways, bigger than a mux chunk and an upload frame.
+    let data = pattern(6 * MIB + 123);
+    let (status, body) = server.put_file(id, "/work/blob.bin", chunked_body(&data), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}\nlog:\n{}", server.log_tail(30));
+    let stat: FileStat = parse(body);
+    assert_eq!((stat.path.as_str(), stat.kind, stat.size_bytes), ("/work/blob.bin", FileKind::File, data.len() as u64));
+    let (status, got) = server.get_file(id, "/work/blob.bin").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(got.as_ref() == data.as_slice(), "downloaded {} bytes differ from the {} uploaded", got.len(), data.len());
+    let inside = server.sh_ok(id, "wc -c < /work/blob.bin; od -An -tx1 -N4 /work/blob.bin").await;
+    let want = format!("{}\n{}", data.len(), data[..4].iter().map(|b| format!(" {b:02x}")).collect::<String>());
+    assert_eq!(inside.trim_end(), want, "the guest sees the same bytes");
+    let (status, log) = server.call(reqwest::Method::GET, &format!("/v1/sandboxes/{id}/trajectory"), None).await;
+    assert_eq!(status, StatusCode::OK, "{log}");
+    let write =
+        log["steps"].as_array().expect("steps").iter().find(|s| s["kind"] == "file_write").expect("a write step");
+    assert_eq!(write["request"]["size_bytes"], json!(data.len()), "{write}");
+    assert!(write["request"]["sha256"].as_str().is_some_and(|h| h.starts_with("sha256:")), "{write}");
+
+    // stat, list, mkdir, remove and their errors.
+    let (status, body) = server.mkdir(id, json!({"path": "/work/a/b", "parents": true})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(parse::<FileStat>(body).kind, FileKind::Dir);
+    let (status, body) = server.mkdir(id, json!({"path": "/work/a/b"})).await;
+    assert_api_error(status, &body, ErrorCode::FileConflict, Some("path"));
+    let (status, body) = server.mkdir(id, json!({"path": "/work/missing/child"})).await;
+    assert_api_error(status, &body, ErrorCode::FileNotFound, Some("path"));
+    server.put_file_ok(id, "/work/a/b/x.txt", "hello").await;
+    server.put_file_ok(id, "/work/a/b/y.txt", "longer text").await;
+    let (status, body) = server.list_dir(id, "/work/a/b").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let mut entries: Vec<(String, u64)> =
+        parse::<FileList>(body).entries.iter().map(|e| (e.path.clone(), e.size_bytes)).collect();
+    entries.sort();
+    assert_eq!(entries, vec![("/work/a/b/x.txt".to_string(), 5), ("/work/a/b/y.txt".to_string(), 11)]);
+    let (status, body) = server.stat(id, "/work/nope").await;
+    assert_api_error(status, &body, ErrorCode::FileNotFound, Some("path"));
+    let (status, _) = server.get_file(id, "/work/a").await;
+    assert_eq!(status, StatusCode::CONFLICT, "downloading a directory is a conflict");
+    let (status, body) = server.list_dir(id, "/work/a/b/x.txt").await;
+    assert_api_error(status, &body, ErrorCode::FileConflict, Some("path"));
+    let (status, body) = server.remove_file(id, "/work/a/b/x.txt", false).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    let (status, body) = server.remove_file(id, "/work/a", false).await;
+    assert_api_error(status, &body, ErrorCode::FileConflict, Some("path"));
+    let (status, body) = server.remove_file(id, "/work/a", true).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    assert_eq!(server.sh_ok(id, "ls -A /work").await, "blob.bin\n", "the tree is gone inside too");
+
+    // Modes, and files belong to the guest's root.
+    let (status, body) = server.put_file(id, "/work/run.sh", "#!/bin/sh\necho ran-$1\n", Some("755")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(parse::<FileStat>(body).mode & 0o7777, 0o755);
+    let r = server.exec_wait(id, &ExecRequest::argv(["/work/run.sh", "ok"])).await;
+    assert_eq!(stdout(&r), "ran-ok\n", "an uploaded 0755 script runs");
+    let (status, body) = server.mkdir(id, json!({"path": "/work/private", "mode": "700"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let listing = server.sh_ok(id, "stat -c '%a %u %g %n' /work/run.sh /work/private").await;
+    assert_eq!(listing, "755 0 0 /work/run.sh\n700 0 0 /work/private\n");
+    let (status, body) = server.put_file(id, "relative.txt", "x", None).await;
+    assert_api_error(status, &body, ErrorCode::InvalidRequest, Some("path"));
+
+    // `..` and symlinks resolve inside the guest's root, never above it.
+    server
+        .sh_ok(id, "ln -s / /evil && ln -s ../../../../ /up && mkdir -p /deep/er && ln -s /etc /deep/er/etc && echo inside > /tmp/t")
+        .await;
+    for path in [
+        "/evil/etc/hostname",
+        "/up/up/etc/hostname",
+        "/../../../../etc/hostname",
+        "/deep/er/../../../etc/hostname",
+        "/deep/er/etc/hostname",
+    ] {
+        let (status, body) = server.get_file(id, path).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert_eq!(body.as_ref(), rootfs::SANDBOX_HOSTNAME_FILE.as_bytes(), "{path} is the guest's /etc/hostname");
+    }
+    let (status, body) = server.put_file(id, "/up/../tmp/via-up.txt", "landed", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(server.sh_ok(id, "cat /tmp/via-up.txt").await, "landed");
+    let (status, body) = server.mkdir(id, json!({"path": "/evil/tmp/made"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(parse::<FileStat>(body).path, "/evil/tmp/made");
+    assert_eq!(server.sh_ok(id, "test -d /tmp/made && echo yes").await, "yes\n");
+    // Removing a symlink removes the link, not what it points at.
+    let (status, body) = server.remove_file(id, "/deep/er/etc", false).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    assert_eq!(server.sh_ok(id, "test -f /etc/hostname && test ! -e /deep/er/etc && echo ok").await, "ok\n");
+    let (status, body) = server.stat(id, "/evil").await;
+    assert_eq!((status, parse::<FileStat>(body).kind), (StatusCode::OK, FileKind::Symlink), "stat does not follow");
+
+    // A full writable disk: the upload fails with `no_space`, the old file
+    // stays, and no staged remains are left behind.
+    server.put_file_ok(id, "/work/keep.txt", "old").await;
+    server.sh_ok(id, "rm -f /work/blob.bin; head -c 1000m /dev/zero > /fill 2>/dev/null; sync; true").await;
+    let (status, body) = server.put_file(id, "/work/keep.txt", chunked_body(&pattern(4 * MIB)), None).await;
+    assert_api_error(status, &body, ErrorCode::NoSpace, None);
+    assert_eq!(server.sh_ok(id, "cat /work/keep.txt; ls -A /work").await, "oldkeep.txt\nprivate\nrun.sh\n");
+    server.sh_ok(id, "rm /fill").await;
+    let (status, body) = server.put_file(id, "/work/keep.txt", chunked_body(&pattern(4 * MIB)), None).await;
+    assert_eq!(status, StatusCode::OK, "with space again the upload works: {body}");
+
+    // A file request on a paused VM resumes it, as an exec does.
+    pause_or_resume(&server, id, "pause", SandboxState::Paused).await;
+    let (status, got) = server.get_file(id, "/work/keep.txt").await;
+    assert_eq!((status, got.len()), (StatusCode::OK, 4 * MIB));
+    assert_eq!(server.get(id).await.state, SandboxState::Running);
+
+    delete_leaves_nothing(&server, id).await;
+    server.finish().await;
+}
+
+/// The guest's counter: as fast as busybox's shell goes, in a file of the
+/// writable disk that an exec reads.
+const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; done";
+/// How long the counter is left running, and left paused, for the two
+/// counts to compare; longer than the node's liveness probe period, so a
+/// probe runs while the VM is paused.
+const PAUSE_WINDOW: Duration = Duration::from_secs(3);
+
+async fn pause_or_resume(server: &TestServer, id: &str, verb: &str, want: SandboxState) {
+    let (status, body) = server.call(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/{verb}"), None).await;
+    assert_eq!(status.as_u16(), 200, "{verb} {id}: {body}\nlog:\n{}", server.log_tail(30));
+    let info: SandboxInfo = serde_json::from_value(body).expect("a sandbox info");
+    assert_eq!(info.state, want, "after {verb}: {info:?}");
+}
+
+/// The counter as the guest sees it (an exec, so it resumes a paused VM).
+/// The loop truncates the file before it writes it: an empty read is retried.
+async fn guest_count(server: &TestServer, id: &str) -> u64 {
+    for _ in 0..100 {
+        if let Ok(n) = server.sh_ok(id, "cat /tmp/count 2>/dev/null; true").await.trim().parse() {
+            return n;
+        }
+    }
+    panic!("the guest's counter never read as a number");
+}
+
+/// Bounded wait until the guest's counter passes `after`.
+async fn count_moves_past(server: &TestServer, id: &str, after: u64) -> u64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = guest_count(server, id).await;
+        if n > after {
+            return n;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the guest's counter stays at {n}, not past {after}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One VM for every case (TCG boots are slow): a paused VM's counter does
+/// not move (what it counted across a pause window, read just before the
+/// pause and just after the resume, is less than what it counts in as
+/// long a running window), the liveness probe leaves it paused, it counts
+/// again after the resume, an exec resumes it, and a delete while paused
+/// leaves no QEMU, disk, socket or cgroup.
+#[tokio::test]
+async fn paused_microvm_makes_no_progress_and_the_next_exec_resumes_it() {
+    require_qemu_and_kernel();
+    let server = TestServer::start().await;
+    let sb = create_vm(&server, json!({})).await;
+    let _counter = server.exec_open(&sb.id, &ExecRequest::shell(COUNTER)).await;
+    let started = count_moves_past(&server, &sb.id, 0).await;
+
+    let before_run = count_moves_past(&server, &sb.id, started).await;
+    tokio::time::sleep(PAUSE_WINDOW).await;
+    let ran = guest_count(&server, &sb.id).await - before_run;
+
+    let before_pause = guest_count(&server, &sb.id).await;
+    pause_or_resume(&server, &sb.id, "pause", SandboxState::Paused).await;
+    tokio::time::sleep(PAUSE_WINDOW).await;
+    let info = server.get(&sb.id).await;
+    assert_eq!(info.state, SandboxState::Paused, "neither GET nor the probe ends the pause: {info:?}");
+    pause_or_resume(&server, &sb.id, "pause", SandboxState::Paused).await;
+    pause_or_resume(&server, &sb.id, "resume", SandboxState::Running).await;
+    let after_resume = guest_count(&server, &sb.id).await;
+    let across_pause = after_resume - before_pause;
+    eprintln!("counted {ran} in a running window, {across_pause} across a paused one");
+    assert!(across_pause < ran, "the counter advanced while paused: {across_pause} across the pause, {ran} running");
+    count_moves_past(&server, &sb.id, after_resume).await;
+
+    // An exec on a paused VM resumes it, and the counter moves on.
+    pause_or_resume(&server, &sb.id, "pause", SandboxState::Paused).await;
+    assert_eq!(server.sh_ok(&sb.id, "echo awake").await, "awake\n");
+    assert_eq!(server.get(&sb.id).await.state, SandboxState::Running);
+    let awake = guest_count(&server, &sb.id).await;
+    count_moves_past(&server, &sb.id, awake).await;
+
+    pause_or_resume(&server, &sb.id, "pause", SandboxState::Paused).await;
+    delete_leaves_nothing(&server, &sb.id).await;
+    server.finish().await;
+}
+
+/// microVMs are not re-adopted: a paused one ends `node_restarted` on a
+/// restart like a running one, and its QEMU does not outlive the sweep.
+#[tokio::test]
+async fn paused_microvm_ends_node_restarted_on_a_restart_and_leaves_no_qemu() {
+    require_qemu_and_kernel();
+    let mut server = TestServer::start().await;
+    let sb = create_vm(&server, json!({})).await;
+    pause_or_resume(&server, &sb.id, "pause", SandboxState::Paused).await;
+    let vm_instance = leaks::vm_instance(&server.instance);
+    assert!(!leaks::instance_processes(&vm_instance).is_empty(), "QEMU runs paused");
+
+    server.restart().await;
+
+    let info = server.get(&sb.id).await;
+    assert_eq!((info.state, info.end_reason), (SandboxState::Ended, Some(EndReason::NodeRestarted)), "{info:?}");
+    assert_eq!(leaks::instance_processes(&vm_instance), vec![], "the paused VM's QEMU survives the restart");
+    assert!(leaks::vm_run_entries(&server.data_dir()).is_empty(), "the paused VM's run directory survives");
     server.finish().await;
 }
 

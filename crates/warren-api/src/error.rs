@@ -32,6 +32,9 @@ pub enum ErrorCode {
     ImageInUse,
     /// The image registry could not be reached or failed; `message` says how.
     RegistryUnavailable,
+    /// The state store (etcd in a cluster) cannot be reached: nothing was
+    /// changed that the caller cannot retry with the same idempotency key.
+    StoreUnavailable,
     /// The sandbox is at one of its own limits (its pids limit is full):
     /// the same request may succeed once its processes end. `field` names
     /// the limit.
@@ -60,6 +63,7 @@ impl ErrorCode {
             ErrorCode::LimitReached | ErrorCode::QueueFull => 429,
             ErrorCode::NoSpace => 507,
             ErrorCode::RegistryUnavailable => 502,
+            ErrorCode::StoreUnavailable => 503,
             ErrorCode::Internal => 500,
         }
     }

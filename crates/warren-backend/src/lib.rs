@@ -2,7 +2,8 @@
 //!
 //! Owns: turning a [`SandboxSpec`] into a running sandbox and back into
 //! nothing, running processes in it, giving the node a root to resolve file
-//! paths in, and sweeping what a crash left behind.
+//! paths in (or, for a microVM, a channel to the init that resolves them:
+//! [`remote_files`]), and sweeping what a crash left behind.
 //! Invariant: `destroy` and `sweep` are idempotent and leave no mount,
 //! cgroup, process or directory of the sandbox behind.
 //! Never: decides policy (admission, deadlines, output caps, idle timeouts):
@@ -11,6 +12,7 @@
 pub mod container;
 pub mod files;
 pub mod microvm;
+pub mod remote_files;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -147,11 +149,7 @@ pub struct NetworkTarget {
 
 /// A directory fd of the sandbox's root filesystem as the host sees it, and
 /// the host uid/gid that the sandbox's root maps to (new files get them).
-pub struct FsRoot {
-    pub dir: std::os::fd::OwnedFd,
-    pub uid: u32,
-    pub gid: u32,
-}
+pub use warren_init::files::FsRoot;
 
 #[async_trait]
 pub trait Driver: Send + Sync {
@@ -206,6 +204,13 @@ pub trait Driver: Send + Sync {
 
     /// The root to resolve file API paths in.
     fn fs_root(&self, handle: &SandboxHandle) -> Result<FsRoot> {
+        let _ = handle;
+        Err(BackendError::Unsupported(self.backend().as_str(), "file access"))
+    }
+
+    /// For a backend without a root the node can open ([`Driver::fs_root`]
+    /// unsupported): where the sandbox's init serves the file API itself.
+    fn remote_files(&self, handle: &SandboxHandle) -> Result<remote_files::RemoteFiles> {
         let _ = handle;
         Err(BackendError::Unsupported(self.backend().as_str(), "file access"))
     }

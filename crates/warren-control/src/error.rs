@@ -65,6 +65,9 @@ fn to_api(e: NodeError) -> ApiError {
             _ => ApiError::new(ErrorCode::Internal, msg),
         },
         NodeError::Image(warren_node::ImageError::InvalidName(_)) => with_field(ErrorCode::InvalidRequest, msg, "name"),
+        NodeError::Store(warren_node::StoreError::Unavailable { .. }) => {
+            ApiError::new(ErrorCode::StoreUnavailable, msg)
+        }
         NodeError::Backend(_) | NodeError::Store(_) | NodeError::Image(_) | NodeError::Internal(_) => {
             ApiError::new(ErrorCode::Internal, msg)
         }
@@ -78,5 +81,21 @@ impl IntoResponse for HttpError {
             tracing::error!(code = ?self.0.code, "{}", self.0.message);
         }
         (status, Json(self.0)).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreachable_state_store_is_503_store_unavailable_and_other_store_errors_500() {
+        let gone =
+            warren_node::StoreError::Unavailable { endpoints: "127.0.0.1:2379".into(), reason: "refused".into() };
+        let api = to_api(NodeError::Store(gone));
+        assert_eq!((api.code, api.code.http_status()), (ErrorCode::StoreUnavailable, 503));
+        assert!(api.message.contains("127.0.0.1:2379"), "{}", api.message);
+        let broken = to_api(NodeError::Store(warren_node::StoreError::Backend("disk".into())));
+        assert_eq!(broken.code, ErrorCode::Internal);
     }
 }

@@ -30,8 +30,7 @@ pub async fn download(
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<Response> {
-    let (file, len) = s.node.open_file(&id, q.path).await?;
-    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
+    let (stream, len) = s.node.open_file(&id, q.path).await?;
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream".to_string()), (header::CONTENT_LENGTH, len.to_string())],
         Body::from_stream(stream),

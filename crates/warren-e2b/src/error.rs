@@ -112,7 +112,7 @@ fn connect_code_of(code: ErrorCode) -> Code {
         ErrorCode::NotFound | ErrorCode::FileNotFound | ErrorCode::ImageNotFound => Code::NotFound,
         ErrorCode::FileConflict | ErrorCode::IdempotencyConflict => Code::AlreadyExists,
         ErrorCode::Unsupported | ErrorCode::UnsupportedBackend => Code::Unimplemented,
-        ErrorCode::SandboxEnded => Code::Unavailable,
+        ErrorCode::SandboxEnded | ErrorCode::StoreUnavailable => Code::Unavailable,
         ErrorCode::LimitReached | ErrorCode::CapacityExceeded | ErrorCode::NoSpace => Code::ResourceExhausted,
         ErrorCode::InvalidRequest => Code::InvalidArgument,
         _ => Code::Internal,

@@ -1,7 +1,7 @@
 //! Owns the isolation profile applied to every sandbox: which capabilities a
-//! sandbox keeps, which kernel files it never sees, which system calls and
-//! ioctls it may not make (the seccomp profile, whose refusals are reported as
-//! security events), which files each phase may reach and which signals and
+//! sandbox keeps, which kernel files it never sees, which system calls it may
+//! make and which calls and ioctls it may not (the seccomp allowlist and deny
+//! rules, whose refusals are reported as security events), which files each phase may reach and which signals and
 //! abstract sockets it may use (the Landlock ruleset), and the cgroups that
 //! bound it (v1 controllers where this host has them, plus a cgroup2
 //! directory that later carries eBPF programs), and the reserve a node keeps

@@ -7,7 +7,9 @@
 //! streamed back, killing whole process trees on request, and phases: one
 //! leader process per phase holds the phase's Landlock domain and starts
 //! every command of that phase. The library half is the wire protocol
-//! shared with the node side.
+//! shared with the node side, and the file API's in-root resolution
+//! ([`files`]): the node runs it on a container's root from the host, a
+//! microVM's init on its own root for the node.
 //!
 //! Invariants: talks to the node only over file descriptors it inherited
 //! (the setup socket and the control listener) or, in a microVM, over the
@@ -18,5 +20,6 @@
 //! enters a Landlock domain itself (PID 1 must stay able to start a later,
 //! looser phase).
 
+pub mod files;
 pub mod mux;
 pub mod proto;

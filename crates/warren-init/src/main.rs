@@ -8,6 +8,7 @@
 mod error;
 mod events;
 mod exec;
+mod fileserve;
 mod leader;
 mod pathsearch;
 mod phase;

@@ -10,6 +10,8 @@ use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize};
 
+use crate::files::FileError;
+
 /// Largest frame either side accepts; bigger frames are a protocol error.
 pub const MAX_FRAME_BYTES: u32 = 16 << 20;
 
@@ -31,6 +33,8 @@ pub enum FrameKind {
     StdinEof = 3,
     /// Kill the exec's whole process tree (empty payload).
     Kill = 4,
+    /// Make the staged upload of a `WriteFile` the file (empty payload).
+    Commit = 5,
     // init -> host
     /// JSON [`Response`].
     Response = 10,
@@ -45,6 +49,7 @@ impl FrameKind {
             2 => FrameKind::Stdin,
             3 => FrameKind::StdinEof,
             4 => FrameKind::Kill,
+            5 => FrameKind::Commit,
             10 => FrameKind::Response,
             11 => FrameKind::Stdout,
             12 => FrameKind::Stderr,
@@ -70,6 +75,29 @@ pub enum Request {
     /// first. Answered with [`Response::PhaseSet`] (or `Error`, and then
     /// the earlier phase stays current).
     SetPhase { phase: PhaseRules, kill_running: bool },
+    // The file API, for a sandbox whose root the node cannot open (a
+    // microVM's guest): init resolves every path inside its own root with
+    // `crate::files`, as the node does for a container. Each answers
+    // `FileError` when it fails.
+    /// Answered with `FileStat`.
+    StatFile { path: String },
+    /// Answered with `FileList`.
+    ListDir { path: String },
+    /// Answered with `FileOpened`, then the content in `Stdout` frames,
+    /// then `FileEnd` (a connection that ends before `FileEnd` broke off).
+    ReadFile { path: String },
+    /// Answered with `FileReady`; then the node sends the content in
+    /// `Stdin` frames and `StdinEof`, init stages it (invisible in the
+    /// sandbox) and answers `FileStaged`; then a `Commit` frame replaces
+    /// the file with it (answered with `FileStat`), while a connection
+    /// closed instead throws it away.
+    WriteFile { path: String, mode: u32 },
+    /// Answered with `FileStat`.
+    Mkdir { path: String, mode: u32, parents: bool },
+    /// Answered with `FileDone`.
+    RemoveFile { path: String, recursive: bool },
+    /// Answered with `FileStat` of the file at `to`.
+    RenameFile { from: String, to: String },
 }
 
 /// What init needs of a phase: its name (for messages) and its protected
@@ -144,6 +172,72 @@ pub enum Response {
     PhaseRejected {
         message: String,
     },
+    FileStat {
+        stat: warren_api::FileStat,
+    },
+    FileList {
+        list: warren_api::FileList,
+    },
+    FileOpened {
+        size_bytes: u64,
+    },
+    FileEnd,
+    FileReady,
+    FileStaged {
+        size_bytes: u64,
+    },
+    FileDone,
+    FileError {
+        error: WireFileError,
+    },
+}
+
+/// A [`crate::files::FileError`] on the wire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireFileError {
+    pub kind: WireFileErrorKind,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WireFileErrorKind {
+    NotFound,
+    IsDirectory,
+    NotDirectory,
+    Conflict,
+    NoSpace,
+    InvalidPath,
+    Io,
+}
+
+impl From<&FileError> for WireFileError {
+    fn from(e: &FileError) -> Self {
+        let (kind, message) = match e {
+            FileError::NotFound => (WireFileErrorKind::NotFound, String::new()),
+            FileError::IsDirectory => (WireFileErrorKind::IsDirectory, String::new()),
+            FileError::NotDirectory => (WireFileErrorKind::NotDirectory, String::new()),
+            FileError::Conflict(m) => (WireFileErrorKind::Conflict, m.clone()),
+            FileError::NoSpace => (WireFileErrorKind::NoSpace, String::new()),
+            FileError::InvalidPath(m) => (WireFileErrorKind::InvalidPath, m.clone()),
+            FileError::Io { .. } => (WireFileErrorKind::Io, e.to_string()),
+        };
+        WireFileError { kind, message }
+    }
+}
+
+impl From<WireFileError> for FileError {
+    fn from(e: WireFileError) -> Self {
+        match e.kind {
+            WireFileErrorKind::NotFound => FileError::NotFound,
+            WireFileErrorKind::IsDirectory => FileError::IsDirectory,
+            WireFileErrorKind::NotDirectory => FileError::NotDirectory,
+            WireFileErrorKind::Conflict => FileError::Conflict(e.message),
+            WireFileErrorKind::NoSpace => FileError::NoSpace,
+            WireFileErrorKind::InvalidPath => FileError::InvalidPath(e.message),
+            WireFileErrorKind::Io => FileError::io("in the guest", io::Error::other(e.message)),
+        }
+    }
 }
 
 /// Something the sandbox tried that the platform refused.
@@ -346,7 +440,30 @@ mod tests {
             serde_json::to_string(&set).unwrap(),
             r#"{"op":"set_phase","phase":{"name":"grade","protected_paths":{"/answers":"read"}},"kill_running":true}"#
         );
+        let write = Request::WriteFile { path: "/a b".into(), mode: 0o644 };
+        assert_eq!(serde_json::to_string(&write).unwrap(), r#"{"op":"write_file","path":"/a b","mode":420}"#);
         // The older requests keep their form.
         assert_eq!(serde_json::to_string(&Request::Ping).unwrap(), r#"{"op":"ping"}"#);
+    }
+
+    #[test]
+    fn file_errors_cross_the_wire_with_their_kind() {
+        for e in [
+            FileError::NotFound,
+            FileError::IsDirectory,
+            FileError::NotDirectory,
+            FileError::Conflict("directory not empty".into()),
+            FileError::NoSpace,
+            FileError::InvalidPath("`..` is not allowed".into()),
+        ] {
+            let json = serde_json::to_vec(&Response::FileError { error: WireFileError::from(&e) }).unwrap();
+            let Response::FileError { error } = serde_json::from_slice(&json).unwrap() else { panic!("not an error") };
+            assert_eq!(FileError::from(error).to_string(), e.to_string());
+        }
+        let io = FileError::io("write", io::Error::from_raw_os_error(libc::EIO));
+        let back = FileError::from(WireFileError::from(&io));
+        assert!(matches!(back, FileError::Io { .. }));
+        assert!(back.to_string().contains("Input/output error"), "{back}");
+        assert_eq!(FrameKind::from_u8(FrameKind::Commit as u8), Some(FrameKind::Commit));
     }
 }

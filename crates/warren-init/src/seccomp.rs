@@ -7,8 +7,10 @@
 //! listener for the sandbox's whole life, nothing per exec, and no window
 //! in which a process of the sandbox runs without it. PID 1's own calls
 //! after setup (accept, poll, fork without namespace flags, pthread_create
-//! whose `clone3` gets ENOSYS and falls back to `clone`, wait, kill) are
-//! all allowed.
+//! whose `clone3` gets ENOSYS and falls back to `clone`, wait, kill) and its
+//! phase leaders' (the `landlock_*` calls, `clone(CLONE_PARENT)`, exec) are
+//! all on the profile's allowlist; `tests/seccomp.rs` and every sandbox
+//! test would show a refusal of one as an event or a failed start.
 //!
 //! The supervisor thread is started *before* the filter is installed, so
 //! it is the one thread of the sandbox that never runs under it: a
@@ -21,7 +23,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use warren_guard::seccomp::{self as profile, Delivery, DENY_RULES};
+use warren_guard::seccomp::{self as profile, Delivery, SANDBOX_PROFILE};
 use warren_init::proto::{SecurityEvent, SecurityEventKind};
 
 use crate::error::{InitError, StepContext};
@@ -34,7 +36,7 @@ const SUPERVISOR_STACK_BYTES: usize = 128 * 1024;
 /// Applies the profile to the calling thread (PID 1's only one) and
 /// starts its supervisor. Returns where the events go.
 pub fn start() -> Result<Arc<EventLog>, InitError> {
-    let program = profile::compile(DENY_RULES, Delivery::Notify)?;
+    let program = profile::compile(&SANDBOX_PROFILE, Delivery::Notify)?;
     let events = Arc::new(EventLog::new(events::CAPACITY));
     let (hand_over, listener_rx) = mpsc::sync_channel::<OwnedFd>(1);
     let log = Arc::clone(&events);
@@ -69,7 +71,7 @@ fn supervise(listener: &OwnedFd, events: &EventLog) {
 /// Records one refused call, then fails it: by the time the caller sees
 /// its error, the event is there for the host to read.
 fn answer(listener: BorrowedFd<'_>, notif: &libc::seccomp_notif, events: &EventLog) {
-    let denial = profile::describe(DENY_RULES, notif.data.nr, notif.data.arch, &notif.data.args);
+    let denial = profile::describe(&SANDBOX_PROFILE, notif.data.nr, notif.data.arch, &notif.data.args);
     let tid = notif.pid as i32;
     let caller = Caller::look_up(tid);
     // The pid may have been reused if the caller died meanwhile; only a

@@ -112,6 +112,13 @@ pub(crate) fn serve_connection(ctx: &Shared, mut conn: UnixStream) {
         Ok(Some((FrameKind::Request, payload))) => serde_json::from_slice::<Request>(&payload),
         _ => return,
     };
+    let request = match request {
+        Ok(request) => match crate::fileserve::serve(request, &mut conn) {
+            Some(other) => Ok(other),
+            None => return,
+        },
+        Err(e) => Err(e),
+    };
     match request {
         Ok(Request::Ping) => {
             let pong = Response::Pong { init_version: env!("CARGO_PKG_VERSION").to_string() };
@@ -136,6 +143,16 @@ pub(crate) fn serve_connection(ctx: &Shared, mut conn: UnixStream) {
             let events = Response::Events { events: batch.events, dropped: batch.dropped, next_seq: batch.next_seq };
             let _ = proto::write_json(&mut conn, FrameKind::Response, &events);
         }
+        // Answered by `fileserve` above.
+        Ok(
+            Request::StatFile { .. }
+            | Request::ListDir { .. }
+            | Request::ReadFile { .. }
+            | Request::WriteFile { .. }
+            | Request::Mkdir { .. }
+            | Request::RemoveFile { .. }
+            | Request::RenameFile { .. },
+        ) => {}
         Err(e) => {
             let error = Response::Error { message: format!("bad request: {e}"), not_found: false, busy: false };
             let _ = proto::write_json(&mut conn, FrameKind::Response, &error);

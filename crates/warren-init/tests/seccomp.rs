@@ -2,7 +2,8 @@
 //! `warren_guard::seccomp` is probed (one call per rule, flag and ioctl
 //! command, generated from the profile's data), must fail with the rule's
 //! errno and must show up as a security event over the control protocol;
-//! ordinary work must keep running. Run as root; needs gcc and a static
+//! calls off the allowlist are refused and recorded too; ordinary work
+//! must keep running. Run as root; needs gcc and a static
 //! glibc (libc6-dev) to build the prober.
 
 mod common;
@@ -12,7 +13,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use common::*;
-use warren_guard::seccomp::{probes, syscall_number, Probe, DENY_RULES};
+use warren_guard::seccomp::{probes, syscall_number, Probe, DENY_RULES, REFUSED_UNLISTED};
 use warren_init::proto::{SecurityEvent, SecurityEventKind};
 
 /// `prober [-n COUNT] NR [ARG...]` makes system call NR with up to six
@@ -280,4 +281,34 @@ fn a_flood_of_denials_keeps_the_latest_and_counts_what_was_lost() {
     assert!(events.windows(2).all(|w| w[1].seq == w[0].seq + 1 && w[1].time_ms >= w[0].time_ms));
     let (newer, dropped, _) = sb.events(next_seq - 1);
     assert_eq!((newer.len(), dropped), (0, 0), "nothing after the last one seen");
+}
+
+#[test]
+fn calls_off_the_allowlist_are_refused_and_recorded() {
+    let sb = start_with_prober();
+    let mut cursor = 0;
+    // A real call no rule names and the allowlist leaves out: EPERM.
+    // Numbers no kernel assigned when the profile was written (the gap
+    // before 424, past the newest call, far out): ENOSYS, so a libc that
+    // probes a newer call falls back.
+    let vhangup = nr("vhangup");
+    assert!(REFUSED_UNLISTED.iter().any(|(name, _)| *name == "vhangup"));
+    for (number, syscall, errno) in [
+        (vhangup, "vhangup".to_string(), libc::EPERM),
+        (400, "#400".to_string(), libc::ENOSYS),
+        (470, "#470".to_string(), libc::ENOSYS),
+        (1000, "#1000".to_string(), libc::ENOSYS),
+    ] {
+        let probed = sb.probe_call(number, &[]);
+        assert_eq!((probed.ret, probed.errno), (-1, errno), "{syscall}");
+        let events = sb.new_events(&mut cursor);
+        assert_eq!(events.len(), 1, "{syscall}: {events:?}");
+        let event = &events[0];
+        assert_eq!(event.kind, SecurityEventKind::Seccomp);
+        assert_eq!((event.pid, event.comm.as_str()), (probed.pid, "prober"));
+        assert_eq!(event.syscall, syscall);
+        assert_eq!(event.detail, format!("syscall {number} not allowed"));
+    }
+    // Still a working sandbox afterwards.
+    assert_eq!(sb.run(&["sh", "-c", "echo ok"]).stdout(), "ok\n");
 }

@@ -49,7 +49,7 @@ use warren_api::{
 };
 use warren_backend::{BackendError, Driver, ExecSpec, Liveness, SandboxHandle, SandboxSpec};
 use warren_image::ImageStore;
-use warren_store::{StateStore, StateStoreExt, StoreError, Table};
+use warren_store::{StateStore, StateStoreExt, Table};
 
 pub use batch::BatchEvent;
 pub use capture::{Capture, Chunk};
@@ -63,6 +63,7 @@ use records::{SandboxRecord, SessionRecord};
 pub use warren_image::cache::HolderCommand;
 use warren_image::cache::LayerLease;
 pub use warren_image::ImageError;
+pub use warren_store::StoreError;
 
 /// How long a create may take before it is abandoned and cleaned up.
 const CREATE_DEADLINE: Duration = Duration::from_secs(60);

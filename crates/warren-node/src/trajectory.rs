@@ -36,7 +36,6 @@ use warren_api::{
     NetworkPolicy, SandboxInfo, SandboxState, SessionInfo, SetPhaseRequest, StepKind, StepResult, StepState,
     Trajectory, TrajectoryDivergence, TrajectoryOrigin, TrajectoryStep, MAX_STEP,
 };
-use warren_backend::files;
 use warren_store::{StateStoreExt, Table};
 
 use crate::records::SandboxRecord;
@@ -564,7 +563,7 @@ impl Node {
         let dir = self.trajectory_dir(id);
         let staged_path = path.clone();
         let mut staged = blocking(move || {
-            let writer = files::create_write(&root, &staged_path, mode)?;
+            let writer = root.create_write(&staged_path, mode)?;
             Ok(Staged { writer, hasher: Sha256::new(), size: 0, kept: KeptUpload::start(&dir) })
         })
         .await?;
@@ -801,7 +800,7 @@ fn tempfile_in(dir: &std::path::Path) -> Result<(PathBuf, std::fs::File)> {
 /// An upload on its way in: the staged file, its running digest, and the
 /// copy kept for replay.
 struct Staged {
-    writer: files::FileWriter,
+    writer: warren_backend::remote_files::FileAccessWriter,
     hasher: Sha256,
     size: u64,
     kept: KeptUpload,

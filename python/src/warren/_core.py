@@ -396,6 +396,7 @@ _BY_CODE: dict[str, type[errors.WarrenError]] = {
     "limit_reached": errors.QuotaExceeded,
     "queue_full": errors.QuotaExceeded,
     "registry_unavailable": errors.ServerError,
+    "store_unavailable": errors.ServerError,
     "internal": errors.ServerError,
 }
 

@@ -53,6 +53,8 @@ pub struct VmSpec<'a> {
     pub layers: &'a [PathBuf],
     pub writable: &'a Path,
     pub serial_sock: &'a Path,
+    /// Where QEMU serves QMP (pause and resume).
+    pub qmp_sock: &'a Path,
     pub hostname: &'a str,
     /// An empty directory QEMU chroots into once it has opened its files.
     pub jail: &'a Path,
@@ -113,6 +115,7 @@ pub fn spawn(spec: &VmSpec<'_>) -> Result<Child> {
     machine_args(&mut cmd, spec.accel, spec.memory_mib, spec.vcpus, spec.jail);
     let append = format!("{} warren.layers={} warren.hostname={}", base_append(), spec.layers.len(), spec.hostname);
     cmd.arg("-kernel").arg(spec.kernel).arg("-initrd").arg(spec.initramfs).args(["-append", &append]);
+    cmd.arg("-qmp").arg(format!("unix:{},server=on,wait=off", drive_path(spec.qmp_sock)?));
     cmd.args(["-device", "virtio-serial-device,max_ports=2"])
         .arg("-chardev")
         .arg(format!("socket,id=ctl,path={},server=on,wait=off", drive_path(spec.serial_sock)?))

@@ -42,10 +42,8 @@ pub async fn download(State(state): State<E2b>, headers: HeaderMap, Query(q): Qu
             .path
             .filter(|p| !p.is_empty())
             .ok_or_else(|| ConnectError::new(Code::InvalidArgument, "path is required"))?;
-        let (file, len) = state.node.open_file(&id, abs_path(&path)).await?;
         // Exactly the length announced, even if the sandbox grows the file meanwhile.
-        let file = tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(file), len);
-        let stream = tokio_util::io::ReaderStream::new(file);
+        let (stream, len) = state.node.open_file(&id, abs_path(&path)).await?;
         Ok::<_, ConnectError>(
             (
                 StatusCode::OK,

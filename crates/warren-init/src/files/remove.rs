@@ -14,8 +14,7 @@ use rustix::io::Errno;
 
 use super::path::SandboxPath;
 use super::resolve::{errno, open_parent};
-use super::{FileError, Result};
-use crate::FsRoot;
+use super::{FileError, FsRoot, Result};
 
 /// Directory levels a recursive removal descends; each holds an open fd.
 pub const MAX_REMOVE_DEPTH: usize = 256;

@@ -11,8 +11,7 @@ use warren_api::FileStat;
 
 use super::path::SandboxPath;
 use super::resolve::{errno, open_parent, stat_entry};
-use super::{FileError, Result};
-use crate::FsRoot;
+use super::{FileError, FsRoot, Result};
 
 /// Moves `from` to `to`, replacing an existing file (or empty directory) at
 /// `to` as `rename(2)` does, and returns the metadata of the moved entry.

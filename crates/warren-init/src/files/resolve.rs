@@ -12,8 +12,7 @@ use rustix::io::Errno;
 use warren_api::{FileKind, FileStat};
 
 use super::path::SandboxPath;
-use super::{FileError, Result};
-use crate::FsRoot;
+use super::{FileError, FsRoot, Result};
 
 /// `openat2` fails with EAGAIN when a rename or mount raced a `..` step of
 /// a scoped lookup; the sandbox can cause that at will, so retry a bounded

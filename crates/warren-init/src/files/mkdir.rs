@@ -6,8 +6,7 @@ use warren_api::FileStat;
 use super::inspect::stat_path;
 use super::path::SandboxPath;
 use super::resolve::{errno, open_in_root, open_parent};
-use super::{FileError, Result};
-use crate::FsRoot;
+use super::{FileError, FsRoot, Result};
 
 /// Creates directory `path` with `mode` (bits above 0o7777 are ignored),
 /// owned by `root`'s uid/gid. With `parents`, missing ancestors are created

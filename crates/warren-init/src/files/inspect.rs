@@ -7,8 +7,7 @@ use warren_api::{FileList, FileStat};
 
 use super::path::SandboxPath;
 use super::resolve::{errno, open_in_root, open_parent, reopen_for_reading, stat_entry, stat_fd};
-use super::{FileError, Result};
-use crate::FsRoot;
+use super::{FileError, FsRoot, Result};
 
 /// Metadata of `path`; a final symlink is described, not followed.
 pub fn stat(root: &FsRoot, path: &str) -> Result<FileStat> {

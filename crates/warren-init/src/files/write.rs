@@ -12,8 +12,7 @@ use warren_api::FileStat;
 
 use super::path::SandboxPath;
 use super::resolve::{errno, open_parent, stat_fd, symlink_target, MAX_SYMLINK_HOPS};
-use super::{FileError, Result};
-use crate::FsRoot;
+use super::{FileError, FsRoot, Result};
 
 /// How many unique temp names to try before giving up; only a sandbox that
 /// plants files under our names makes the first one fail.
