@@ -113,7 +113,10 @@ def _mounts_under(d: Path) -> list[str]:
 
 
 def _instance_cgroup_dirs(instance: str) -> list[Path]:
-    return [h / instance for h in CGROUP_ROOT.iterdir() if (h / instance).is_dir()]
+    # The microVM driver's QEMU processes live in `<instance>-vm`; the server
+    # makes (and caps) both instances at start.
+    names = (instance, f"{instance}-vm")
+    return [h / n for h in CGROUP_ROOT.iterdir() for n in names if (h / n).is_dir()]
 
 
 def _sandbox_cgroup_dirs(instance: str) -> list[Path]:
@@ -132,7 +135,7 @@ def _instance_processes(instance: str) -> list[int]:
             continue
         state = stat[stat.rfind(")") + 1 :].split()[0]
         paths = [line.split(":", 2)[2] for line in cgroups.splitlines() if line.count(":") >= 2]
-        if state not in ("Z", "X") and any(instance in p.split("/") for p in paths):
+        if state not in ("Z", "X") and any({instance, f"{instance}-vm"} & set(p.split("/")) for p in paths):
             pids.append(int(entry.name))
     return pids
 
