@@ -4,38 +4,13 @@
 
 use std::fs;
 
-use bytes::Bytes;
 use reqwest::StatusCode;
-use serde_json::{json, Value};
+use serde_json::json;
 use warren_api::{ErrorCode, FileKind, FileList, FileStat};
 use warren_tests::rootfs::SANDBOX_HOSTNAME_FILE;
 use warren_tests::*;
 
 const MIB: usize = 1 << 20;
-
-/// Deterministic bytes that no compression or zero page can fake.
-fn pattern(len: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
-/// A request body sent in 64 KiB chunks, never as one buffer.
-fn chunked_body(data: &[u8]) -> reqwest::Body {
-    let chunks: Vec<Result<Bytes, std::io::Error>> =
-        data.chunks(64 * 1024).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
-    reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))
-}
-
-fn parse<T: serde::de::DeserializeOwned>(v: Value) -> T {
-    serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("cannot parse {v}: {e}"))
-}
 
 #[tokio::test]
 async fn large_file_round_trips_streamed() {
@@ -44,7 +19,7 @@ async fn large_file_round_trips_streamed() {
     let data = pattern(20 * MIB);
     let (status, body) = server.put_file(&sb.id, "/work/blob.bin", chunked_body(&data), None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let stat: FileStat = parse(body);
+    let stat: FileStat = from_json(body);
     assert_eq!((stat.path.as_str(), stat.kind, stat.size_bytes), ("/work/blob.bin", FileKind::File, data.len() as u64));
 
     let (status, got) = server.get_file(&sb.id, "/work/blob.bin").await;
@@ -62,7 +37,7 @@ async fn stat_list_mkdir_and_remove() {
     let sb = server.create_small().await;
     let (status, body) = server.mkdir(&sb.id, json!({"path": "/work/a/b", "parents": true})).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    assert_eq!(parse::<FileStat>(body).kind, FileKind::Dir);
+    assert_eq!(from_json::<FileStat>(body).kind, FileKind::Dir);
     let (status, body) = server.mkdir(&sb.id, json!({"path": "/work/a/b"})).await;
     assert_api_error(status, &body, ErrorCode::FileConflict, Some("path"));
     let (status, body) = server.mkdir(&sb.id, json!({"path": "/work/missing/child"})).await;
@@ -72,13 +47,13 @@ async fn stat_list_mkdir_and_remove() {
     server.put_file_ok(&sb.id, "/work/a/b/y.txt", "longer text").await;
     let (status, body) = server.list_dir(&sb.id, "/work/a/b").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let list: FileList = parse(body);
+    let list: FileList = from_json(body);
     let mut entries: Vec<(String, u64)> = list.entries.iter().map(|e| (e.path.clone(), e.size_bytes)).collect();
     entries.sort();
     assert_eq!(entries, vec![("/work/a/b/x.txt".to_string(), 5), ("/work/a/b/y.txt".to_string(), 11)]);
 
     let (status, body) = server.stat(&sb.id, "/work/a").await;
-    assert_eq!((status, parse::<FileStat>(body).kind), (StatusCode::OK, FileKind::Dir));
+    assert_eq!((status, from_json::<FileStat>(body).kind), (StatusCode::OK, FileKind::Dir));
     let (status, body) = server.stat(&sb.id, "/work/nope").await;
     assert_api_error(status, &body, ErrorCode::FileNotFound, Some("path"));
     let (status, _) = server.get_file(&sb.id, "/work/a").await;
@@ -104,7 +79,7 @@ async fn modes_are_applied_and_files_belong_to_sandbox_root() {
     let sb = server.create_small().await;
     let (status, body) = server.put_file(&sb.id, "/work/run.sh", "#!/bin/sh\necho ran-$1\n", Some("755")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(parse::<FileStat>(body).mode & 0o7777, 0o755);
+    assert_eq!(from_json::<FileStat>(body).mode & 0o7777, 0o755);
     let r = server.exec_wait(&sb.id, &warren_api::ExecRequest::argv(["/work/run.sh", "ok"])).await;
     assert_eq!(stdout(&r), "ran-ok\n", "an uploaded 0755 script runs");
 

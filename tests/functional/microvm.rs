@@ -15,7 +15,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use bytes::Bytes;
 use reqwest::StatusCode;
 use serde_json::json;
 use warren_api::{
@@ -175,30 +174,6 @@ async fn sessions_and_events_work_in_a_microvm() {
 
 const MIB: usize = 1 << 20;
 
-/// Deterministic bytes that no compression or zero page can fake.
-fn pattern(len: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
-/// A request body sent in 64 KiB chunks, never as one buffer.
-fn chunked_body(data: &[u8]) -> reqwest::Body {
-    let chunks: Vec<Result<Bytes, std::io::Error>> =
-        data.chunks(64 * 1024).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
-    reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))
-}
-
-fn parse<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
-    serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("cannot parse {v}: {e}"))
-}
-
 /// The file cases of `files.rs` on one VM: a streamed multi-MiB round trip
 /// (and the trajectory's record of it), stat/list/mkdir/remove with their
 /// typed errors, modes and ownership, `..` and symlinks that stay inside
@@ -216,7 +191,7 @@ async fn file_api_works_in_a_microvm_as_in_a_container() {
     let data = pattern(6 * MIB + 123);
     let (status, body) = server.put_file(id, "/work/blob.bin", chunked_body(&data), None).await;
     assert_eq!(status, StatusCode::OK, "{body}\nlog:\n{}", server.log_tail(30));
-    let stat: FileStat = parse(body);
+    let stat: FileStat = from_json(body);
     assert_eq!((stat.path.as_str(), stat.kind, stat.size_bytes), ("/work/blob.bin", FileKind::File, data.len() as u64));
     let (status, got) = server.get_file(id, "/work/blob.bin").await;
     assert_eq!(status, StatusCode::OK);
@@ -234,7 +209,7 @@ async fn file_api_works_in_a_microvm_as_in_a_container() {
     // stat, list, mkdir, remove and their errors.
     let (status, body) = server.mkdir(id, json!({"path": "/work/a/b", "parents": true})).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    assert_eq!(parse::<FileStat>(body).kind, FileKind::Dir);
+    assert_eq!(from_json::<FileStat>(body).kind, FileKind::Dir);
     let (status, body) = server.mkdir(id, json!({"path": "/work/a/b"})).await;
     assert_api_error(status, &body, ErrorCode::FileConflict, Some("path"));
     let (status, body) = server.mkdir(id, json!({"path": "/work/missing/child"})).await;
@@ -244,7 +219,7 @@ async fn file_api_works_in_a_microvm_as_in_a_container() {
     let (status, body) = server.list_dir(id, "/work/a/b").await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let mut entries: Vec<(String, u64)> =
-        parse::<FileList>(body).entries.iter().map(|e| (e.path.clone(), e.size_bytes)).collect();
+        from_json::<FileList>(body).entries.iter().map(|e| (e.path.clone(), e.size_bytes)).collect();
     entries.sort();
     assert_eq!(entries, vec![("/work/a/b/x.txt".to_string(), 5), ("/work/a/b/y.txt".to_string(), 11)]);
     let (status, body) = server.stat(id, "/work/nope").await;
@@ -264,7 +239,7 @@ async fn file_api_works_in_a_microvm_as_in_a_container() {
     // Modes, and files belong to the guest's root.
     let (status, body) = server.put_file(id, "/work/run.sh", "#!/bin/sh\necho ran-$1\n", Some("755")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(parse::<FileStat>(body).mode & 0o7777, 0o755);
+    assert_eq!(from_json::<FileStat>(body).mode & 0o7777, 0o755);
     let r = server.exec_wait(id, &ExecRequest::argv(["/work/run.sh", "ok"])).await;
     assert_eq!(stdout(&r), "ran-ok\n", "an uploaded 0755 script runs");
     let (status, body) = server.mkdir(id, json!({"path": "/work/private", "mode": "700"})).await;
@@ -294,14 +269,14 @@ async fn file_api_works_in_a_microvm_as_in_a_container() {
     assert_eq!(server.sh_ok(id, "cat /tmp/via-up.txt").await, "landed");
     let (status, body) = server.mkdir(id, json!({"path": "/evil/tmp/made"})).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    assert_eq!(parse::<FileStat>(body).path, "/evil/tmp/made");
+    assert_eq!(from_json::<FileStat>(body).path, "/evil/tmp/made");
     assert_eq!(server.sh_ok(id, "test -d /tmp/made && echo yes").await, "yes\n");
     // Removing a symlink removes the link, not what it points at.
     let (status, body) = server.remove_file(id, "/deep/er/etc", false).await;
     assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
     assert_eq!(server.sh_ok(id, "test -f /etc/hostname && test ! -e /deep/er/etc && echo ok").await, "ok\n");
     let (status, body) = server.stat(id, "/evil").await;
-    assert_eq!((status, parse::<FileStat>(body).kind), (StatusCode::OK, FileKind::Symlink), "stat does not follow");
+    assert_eq!((status, from_json::<FileStat>(body).kind), (StatusCode::OK, FileKind::Symlink), "stat does not follow");
 
     // A full writable disk: the upload fails with `no_space`, the old file
     // stays, and no staged remains are left behind.

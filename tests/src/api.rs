@@ -397,3 +397,28 @@ impl TestServer {
         }
     }
 }
+
+/// Deterministic bytes that no compression or zero page can fake.
+pub fn pattern(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// A request body sent in 64 KiB chunks, never as one buffer.
+pub fn chunked_body(data: &[u8]) -> reqwest::Body {
+    let chunks: Vec<Result<Bytes, std::io::Error>> =
+        data.chunks(64 * 1024).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+    reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))
+}
+
+/// A JSON answer as `T`, or a panic naming what did not parse.
+pub fn from_json<T: DeserializeOwned>(v: Value) -> T {
+    serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("cannot parse {v}: {e}"))
+}

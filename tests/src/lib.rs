@@ -19,7 +19,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-pub use api::{api_error_mismatch, assert_api_error, b64, end_result, frame_bytes, small, stderr, stdout, FrameReader};
+pub use api::{
+    api_error_mismatch, assert_api_error, b64, chunked_body, end_result, frame_bytes, from_json, pattern, small,
+    stderr, stdout, FrameReader,
+};
 pub use server::{TestServer, IMAGE};
 use tokio::time::{sleep, Instant};
 pub use warren_api as wire;
