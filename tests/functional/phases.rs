@@ -293,9 +293,12 @@ async fn a_killed_phase_leader_is_replaced_and_the_phase_still_holds() {
                 [ \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" = 'warren-init phase-leader ' ] && echo ${p#/proc/}; done; true";
     let leader = server.sh_ok(&sb.id, find).await.trim().to_string();
     assert!(!leader.is_empty() && !leader.contains('\n'), "one leader: {leader:?}");
-    // Waits until the leader is gone: an exec racing its death may fail
-    // once ("did not answer": init cannot know whether it took the order).
-    server.sh_ok(&sb.id, &format!("kill -9 {leader}; while kill -0 {leader} 2>/dev/null; do sleep 0.01; done")).await;
+    // The sleep lets the leader report this very exec as spawned before it
+    // dies (known race: a process that kills its leader at once fails its
+    // own exec with "did not answer"); then wait until the leader is gone.
+    server
+        .sh_ok(&sb.id, &format!("sleep 1; kill -9 {leader}; while kill -0 {leader} 2>/dev/null; do sleep 0.01; done"))
+        .await;
     let replaced = server.sh_ok(&sb.id, find).await.trim().to_string();
     assert!(!replaced.is_empty() && replaced != leader, "a new leader: {replaced:?} (was {leader})");
     denied(&server, &sb.id, "cat /work/answers/key").await;
