@@ -75,6 +75,19 @@ async fn disk_limit_stops_writes_without_touching_host_disk() {
     );
     let usage = server.get(&sb.id).await.usage.expect("a running sandbox reports usage");
     assert!(usage.disk_bytes <= 32 * MIB, "{usage:?}");
+    // An upload refused midway leaves its body unread: the refusal closes
+    // the connection, so the client's next request never lands on it.
+    for _ in 0..3 {
+        let rb = server
+            .request(reqwest::Method::PUT, &format!("/v1/sandboxes/{}/files", sb.id))
+            .query(&[("path", "/upload.bin")])
+            .body(chunked_body(&pattern(8 * MIB as usize)));
+        let resp = api::send(rb).await;
+        assert_eq!(resp.headers().get("connection").and_then(|v| v.to_str().ok()), Some("close"));
+        let (status, body) = api::json_response(resp).await;
+        assert_api_error(status, &body, ErrorCode::NoSpace, None);
+        assert_eq!(server.sh_ok(&sb.id, "echo next").await, "next\n");
+    }
     server.sh_ok(&sb.id, "rm /big && echo x > /after").await;
     server.finish().await;
 }

@@ -25,7 +25,7 @@ pub const CALL_WAIT: Duration = Duration::from_secs(180);
 pub async fn send(rb: RequestBuilder) -> Response {
     match timeout(CALL_WAIT, rb.send()).await {
         Ok(Ok(resp)) => resp,
-        Ok(Err(e)) => panic!("HTTP request failed: {e}"),
+        Ok(Err(e)) => panic!("HTTP request failed: {e:?}"),
         Err(_) => panic!("the server did not answer within {CALL_WAIT:?}"),
     }
 }
@@ -162,7 +162,7 @@ impl FrameReader {
 }
 
 impl TestServer {
-    fn request(&self, method: Method, path: &str) -> RequestBuilder {
+    pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
         self.http.request(method, format!("{}{path}", self.url))
     }
 

@@ -22,6 +22,7 @@ mod ui;
 
 use std::future::Future;
 
+use axum::http::{header, HeaderValue};
 use axum::routing::{get, post};
 use axum::Router;
 use warren_node::Node;
@@ -81,6 +82,25 @@ pub fn router(node: Node) -> Router {
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .fallback(handlers::not_found)
         .with_state(AppState { node })
+        .layer(axum::middleware::from_fn(close_after_refused_body))
+}
+
+/// A request refused while its body was still arriving (an upload onto a
+/// full disk) leaves that body partly unread, and hyper then closes the
+/// connection; a client that already took the connection back into its
+/// pool would send its next request into that close. Saying
+/// `Connection: close` on the refusal keeps the connection out of the pool.
+async fn close_after_refused_body(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let has_body = request.headers().contains_key(header::TRANSFER_ENCODING)
+        || request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).is_some_and(|v| v.trim() != "0");
+    let mut response = next.run(request).await;
+    if has_body && (response.status().is_client_error() || response.status().is_server_error()) {
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// Serves until `shutdown` resolves, then stops accepting and drains.
@@ -95,7 +115,7 @@ pub async fn serve(
 /// The v1 router plus the E2B-compatible control API and envd routes
 /// (`warren-e2b`; none of them starts with `/v1/`).
 pub fn router_with_e2b(node: Node, e2b: E2bConfig) -> Router {
-    router(node.clone()).merge(warren_e2b::router(node, e2b))
+    router(node.clone()).merge(warren_e2b::router(node, e2b).layer(axum::middleware::from_fn(close_after_refused_body)))
 }
 
 /// [`serve`] with the E2B-compatible routes on the same listener.

@@ -21,8 +21,12 @@
 //! exec PID 1 sends a [`SpawnOrder`] whose length prefix carries the
 //! child's descriptors (`SCM_RIGHTS`: stdin, stdout, stderr, and for a
 //! session the state pipe and init's binary), and the leader answers
-//! `Spawned` or `SpawnFailed` (an exec failure travels back from the child
-//! through a close-on-exec pipe, as in std).
+//! twice: `Cloned` with the new pid, then `Spawned` or `SpawnFailed` (an
+//! exec failure travels back from the child through a close-on-exec pipe,
+//! as in std). The child waits for the leader's go-ahead before it execs,
+//! and the leader gives it only once `Cloned` is on its way: so PID 1
+//! always learns the pid, even when the program kills the leader at once
+//! (a leader lost after `Cloned` is replaced, and its exec stands).
 //!
 //! The leader is in the phase's domain, so the phase's own processes can
 //! signal it (kill or stop it). That only hurts their own sandbox, and PID
@@ -94,6 +98,10 @@ enum LeaderSays {
         message: String,
         rejected: bool,
     },
+    /// The process exists and is about to exec.
+    Cloned {
+        pid: i32,
+    },
     Spawned {
         pid: i32,
     },
@@ -110,14 +118,13 @@ pub enum SpawnError {
     /// The process could not start (its exec failed): the caller's problem.
     #[error("{0}")]
     Exec(io::Error),
-    /// The leader was gone before it got the order: start another and
-    /// try again.
+    /// The leader was gone (or silent) before it started the order's
+    /// process: start another and try again.
     #[error("phase leader gone: {0}")]
     LeaderGone(io::Error),
-    /// The leader took the order but did not answer (it broke, or was
-    /// stopped or killed midway): the process may or may not run, so the
-    /// order must not be repeated. The leader is to be replaced.
-    #[error("phase leader did not answer: {0}")]
+    /// The leader answered out of protocol. The leader is to be replaced;
+    /// the order is not repeated.
+    #[error("phase leader broke: {0}")]
     Leader(io::Error),
 }
 
@@ -153,6 +160,8 @@ impl From<io::Error> for SpawnError {
 pub struct Leader {
     pid: i32,
     channel: UnixStream,
+    /// Went silent after a `Cloned`: to be replaced before the next spawn.
+    lost: bool,
     _exit: ExitWaiter,
 }
 
@@ -179,7 +188,7 @@ impl Leader {
             Ok::<_, io::Error>((child.id() as i32, child.id() as i32))
         })?;
         drop(theirs);
-        let mut leader = Leader { pid, channel, _exit: exit };
+        let mut leader = Leader { pid, channel, lost: false, _exit: exit };
         let started = leader.handshake(rules);
         if started.is_err() {
             leader.kill(registry);
@@ -203,11 +212,38 @@ impl Leader {
         self.pid
     }
 
+    /// Whether this leader went silent after it had started a process;
+    /// it must be replaced.
+    pub fn is_lost(&self) -> bool {
+        self.lost
+    }
+
     /// Starts `order`'s process with `fds` as its descriptors 0, 1, 2, ...
     pub fn spawn(&mut self, order: &SpawnOrder, fds: &[BorrowedFd<'_>]) -> Result<i32, SpawnError> {
         self.channel.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(SpawnError::LeaderGone)?;
         send_message(&self.channel, order, fds).map_err(SpawnError::LeaderGone)?;
-        match read_message::<LeaderSays>(&mut self.channel).map_err(SpawnError::Leader)? {
+        // No `Cloned`: no process of this order can ever run (a child
+        // whose leader died before saying it exits without exec), so the
+        // order may go to a fresh leader.
+        let cloned = match read_message::<LeaderSays>(&mut self.channel).map_err(SpawnError::LeaderGone)? {
+            LeaderSays::Cloned { pid } => pid,
+            LeaderSays::SpawnFailed { errno, step } => {
+                let e = io::Error::from_raw_os_error(errno);
+                return Err(SpawnError::Exec(io::Error::new(e.kind(), format!("{step}: {e}"))));
+            }
+            other => return Err(SpawnError::Leader(io::Error::other(format!("unexpected answer {other:?}")))),
+        };
+        let answer = match read_message::<LeaderSays>(&mut self.channel) {
+            Ok(answer) => answer,
+            // The process was released to exec, and the program may well
+            // have killed its leader (it may: they share the phase's
+            // domain). It runs, or exits 127 if its exec failed.
+            Err(_) => {
+                self.lost = true;
+                return Ok(cloned);
+            }
+        };
+        match answer {
             LeaderSays::Spawned { pid } => Ok(pid),
             LeaderSays::SpawnFailed { errno, step } => {
                 let e = io::Error::from_raw_os_error(errno);
@@ -395,7 +431,7 @@ fn serve(channel: &mut UnixStream) -> ! {
             // PID 1 retired this leader (or broke the channel).
             _ => sys::exit_now(0),
         };
-        let answer = match spawn(&order, &fds) {
+        let answer = match spawn(channel, &order, &fds) {
             Ok(pid) => LeaderSays::Spawned { pid },
             Err((step, e)) => {
                 LeaderSays::SpawnFailed { errno: e.raw_os_error().unwrap_or(libc::EIO), step: step.into() }
@@ -437,20 +473,35 @@ fn prepare(order: &SpawnOrder) -> io::Result<Prepared> {
 
 /// Starts one process as PID 1's child in this leader's domain; on
 /// failure, which step failed and why.
-fn spawn(order: &SpawnOrder, fds: &[OwnedFd]) -> Result<i32, (&'static str, io::Error)> {
+fn spawn(channel: &UnixStream, order: &SpawnOrder, fds: &[OwnedFd]) -> Result<i32, (&'static str, io::Error)> {
     if !(3..=MAX_FDS).contains(&fds.len()) {
         return Err(("descriptors", io::Error::from_raw_os_error(libc::EINVAL)));
     }
     let prepared = prepare(order).map_err(|e| ("arguments", e))?;
-    let (error_rx, error_tx) =
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| ("pipe", io::Error::from(e)))?;
+    let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| ("pipe", io::Error::from(e)));
+    let (error_rx, error_tx) = pipe()?;
+    let (go_rx, go_tx) = pipe()?;
     let raw_fds: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
     // SAFETY: the leader is single-threaded, and the child only makes raw
     // system calls before it execs or exits.
     match unsafe { sys::clone_parent() }.map_err(|e| ("clone", e))? {
-        sys::Forked::Child => child(&prepared, &raw_fds, error_tx.as_raw_fd()),
+        sys::Forked::Child => child(
+            &prepared,
+            &raw_fds,
+            Handshake { error_tx: error_tx.as_raw_fd(), go: (go_rx.as_raw_fd(), go_tx.as_raw_fd()) },
+        ),
         sys::Forked::Parent { child } => {
             drop(error_tx);
+            drop(go_rx);
+            // PID 1 hears of the pid before the program can run (and so
+            // before it can kill this leader).
+            if send_message(channel, &LeaderSays::Cloned { pid: child }, &[]).is_err() {
+                sys::exit_now(0)
+            }
+            // A child that failed a step has exited (EPIPE here: Rust
+            // binaries ignore SIGPIPE) and says why on the error pipe.
+            let _ = rustix::io::write(&go_tx, &[1]);
+            drop(go_tx);
             let mut report = [0u8; 8];
             let mut got = 0;
             while got < report.len() {
@@ -477,13 +528,22 @@ fn spawn(order: &SpawnOrder, fds: &[OwnedFd]) -> Result<i32, (&'static str, io::
 }
 
 /// The child's steps, numbered for the error report.
-const CHILD_STEPS: [&str; 5] = ["setsid", "prctl(PR_SET_CHILD_SUBREAPER)", "dup2", "chdir", "execve"];
+const CHILD_STEPS: [&str; 6] = ["setsid", "prctl(PR_SET_CHILD_SUBREAPER)", "dup2", "chdir", "execve", "go-ahead"];
+
+/// The child's ends of its two pipes to the leader: where it reports a
+/// failed step, and the go-ahead it waits for before it execs (with the
+/// leader's write end, which it closes so a dead leader reads as no).
+struct Handshake {
+    error_tx: RawFd,
+    go: (RawFd, RawFd),
+}
 
 /// The child between `clone` and `exec`. Like `exec::prepare_child`: its
 /// own session and child-subreaper status (so PID 1's `kill_tree` finds the
 /// whole tree), `fds` as 0, 1, 2, ..., everything else closed on exec,
 /// default signal dispositions. Never returns.
-fn child(prepared: &Prepared, fds: &[RawFd], error_tx: RawFd) -> ! {
+fn child(prepared: &Prepared, fds: &[RawFd], handshake: Handshake) -> ! {
+    let Handshake { error_tx, go: (go_rx, go_tx) } = handshake;
     let fail = |step: u32| -> ! {
         let errno = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
         let mut report = [0u8; 8];
@@ -502,6 +562,7 @@ fn child(prepared: &Prepared, fds: &[RawFd], error_tx: RawFd) -> ! {
     // received descriptors are all above EXE_FD, so no dup2 overwrites a
     // source of a later one.
     unsafe {
+        libc::close(go_tx);
         sys::reset_signal_dispositions();
         if libc::setsid() == -1 {
             fail(0)
@@ -518,6 +579,15 @@ fn child(prepared: &Prepared, fds: &[RawFd], error_tx: RawFd) -> ! {
             fail(3)
         }
         libc::close_range(fds.len() as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC as i32);
+        let mut go = 0u8;
+        loop {
+            match libc::read(go_rx, (&mut go as *mut u8).cast(), 1) {
+                1 => break,
+                -1 if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => {}
+                // The leader died before PID 1 heard of this process.
+                _ => fail(5),
+            }
+        }
         libc::execve(prepared.program.as_ptr(), prepared.argv_ptrs.as_ptr(), prepared.env_ptrs.as_ptr());
         fail(4)
     }

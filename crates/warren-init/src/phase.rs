@@ -49,10 +49,9 @@ impl Phases {
     }
 
     /// Starts `order`'s process in the current phase, registered with the
-    /// reaper. A leader that died before it took the order is replaced,
-    /// and the order sent again, once; one that broke after taking it is
-    /// replaced for the next spawn, but this one fails (it must not run
-    /// twice).
+    /// reaper. A leader that died before it started the process is
+    /// replaced, and the order sent again, once; one lost after it started
+    /// the process is replaced for the next spawn.
     pub fn spawn(&self, order: &SpawnOrder, fds: &[BorrowedFd<'_>]) -> io::Result<(i32, ExitWaiter)> {
         let mut current = self.lock();
         let mut last_error = None;
@@ -63,7 +62,14 @@ impl Phases {
             };
             let leader = current.leader.insert(leader);
             match self.registry.spawn_registered(|| leader.spawn(order, fds).map(|pid| (pid, pid))) {
-                Ok(spawned) => return Ok(spawned),
+                Ok(spawned) => {
+                    if leader.is_lost() {
+                        if let Some(lost) = current.leader.take() {
+                            lost.kill(&self.registry);
+                        }
+                    }
+                    return Ok(spawned);
+                }
                 Err(SpawnError::Exec(e)) => return Err(e),
                 Err(SpawnError::LeaderGone(e)) => {
                     if let Some(gone) = current.leader.take() {
@@ -75,7 +81,7 @@ impl Phases {
                     if let Some(broken) = current.leader.take() {
                         broken.kill(&self.registry);
                     }
-                    return Err(io::Error::new(e.kind(), format!("phase leader did not answer: {e}")));
+                    return Err(io::Error::new(e.kind(), format!("phase leader broke: {e}")));
                 }
             }
         }
