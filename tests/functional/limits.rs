@@ -124,10 +124,13 @@ async fn network_loopback_has_lo_up_and_working() {
     let names: Vec<&str> = link.lines().filter(|l| !l.starts_with(' ')).filter_map(|l| l.split(": ").nth(1)).collect();
     assert_eq!(names, vec!["lo"], "{link}");
     assert!(link_flags(&link, "lo").contains(&"UP"), "lo is up:\n{link}");
-    // The client retries until the listener is up; the bound only stops a broken loop.
-    let script = "nc -l -p 8123 > /tmp/got & i=0; \
+    // The client retries until the listener is up; the bound only stops a
+    // broken loop. The listener hands the connection to `cat`, which reads
+    // to its end: a plain `nc -l` quits at EOF on its own stdin, which can
+    // come before the client's bytes.
+    let script = "nc -l -p 8123 -e sh -c 'cat > /tmp/got' & listener=$!; i=0; \
         until echo over-lo | nc 127.0.0.1 8123; do i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 0.1; done; \
-        wait; cat /tmp/got";
+        wait $listener; cat /tmp/got";
     let served = server.sh_ok(&sb.id, script).await;
     assert_eq!(served, "over-lo\n");
     server.finish().await;

@@ -251,8 +251,10 @@ async fn allowed_tcp_connects_and_anything_else_is_refused_and_reported() {
     assert!(event.detail.starts_with("tcp "), "{event:?}");
     assert!(event.pid > 0, "the pid inside the sandbox: {event:?}");
     // Loopback inside the sandbox is always allowed.
-    let lo = "nc -l -p 7000 > /tmp/got & i=0; until echo lo | nc 127.0.0.1 7000; do i=$((i+1)); \
-              [ $i -gt 300 ] && exit 1; sleep 0.1; done; wait; cat /tmp/got";
+    // (The listener hands the connection to `cat`: a plain `nc -l` quits at
+    // EOF on its own stdin, which can come before the client's bytes.)
+    let lo = "nc -l -p 7000 -e sh -c 'cat > /tmp/got' & listener=$!; i=0; until echo lo | nc 127.0.0.1 7000; do i=$((i+1)); \
+              [ $i -gt 300 ] && exit 1; sleep 0.1; done; wait $listener; cat /tmp/got";
     assert_eq!(server.sh_ok(&sb.id, lo).await, "lo\n");
     assert_eq!(objects.veths().len(), 1, "one veth for the sandbox");
     assert!(objects.table_exists() && objects.pins.exists());

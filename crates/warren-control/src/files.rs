@@ -50,8 +50,38 @@ pub async fn upload(
     body: Body,
 ) -> ApiResult<Response> {
     let mode = mode_of(q.mode.as_deref(), 0o644)?;
-    let written = s.node.write_file_stepped(&id, q.path, mode, body.into_data_stream(), step).await?;
+    let mut stream = body.into_data_stream();
+    let written = match s.node.write_file_stepped(&id, q.path, mode, &mut stream, step).await {
+        Ok(written) => written,
+        Err(e) => {
+            drain(&mut stream).await;
+            return Err(e.into());
+        }
+    };
     Ok(with_step(written.step, Json(written.value)))
+}
+
+/// How much of a refused upload's body is still read, and for how long.
+const DRAIN_BYTES: u64 = 256 << 20;
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// An upload refused midway (a full disk) still reads the rest of its
+/// body, within a bound, so that the client, still sending, gets to read
+/// the refusal instead of a broken pipe.
+async fn drain(stream: &mut axum::body::BodyDataStream) {
+    use futures_util::StreamExt;
+    let deadline = tokio::time::sleep(DRAIN_TIME);
+    tokio::pin!(deadline);
+    let mut left = DRAIN_BYTES;
+    loop {
+        tokio::select! {
+            _ = &mut deadline => return,
+            next = stream.next() => match next {
+                Some(Ok(chunk)) if (chunk.len() as u64) < left => left -= chunk.len() as u64,
+                _ => return,
+            },
+        }
+    }
 }
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", params(("id" = String, Path), ("path" = String, Query), ("recursive" = Option<bool>, Query), ("Warren-Step" = Option<u64>, Header, description = "trajectory step of this call")),
