@@ -4,6 +4,9 @@
 #
 # Usage: make-default-image.sh DIR
 #
+# WARREN_IMAGE_PACKAGES replaces the package list (the full-VM tests build
+# their systemd image with it: systemd-sysv,procps).
+#
 # Cached: if DIR/.warren-complete exists, nothing is done. The rootfs is built
 # in DIR.tmp and renamed into place only when complete, so an interrupted run
 # never leaves a DIR that looks finished. The mirror is the one apt uses on
@@ -12,7 +15,7 @@
 set -eu
 
 SUITE=bookworm
-PACKAGES=python3,python3-pytest,git,gcc,g++,libc6-dev,ca-certificates,procps
+PACKAGES=${WARREN_IMAGE_PACKAGES:-python3,python3-pytest,git,gcc,g++,libc6-dev,ca-certificates,procps}
 DEFAULT_MIRROR=http://deb.debian.org/debian
 
 die() { echo "make-default-image: $*" >&2; exit 1; }

@@ -52,6 +52,15 @@ class Server:
     def log(self) -> Path:
         return self.dir / "server.log"
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The admin key of a ``--auth on`` server (its ``admin.key``) as a header."""
+        try:
+            key = (self.data_dir / "admin.key").read_text().strip()
+        except OSError:
+            return {}
+        return {"Authorization": f"Bearer {key}"}
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -113,9 +122,9 @@ def _mounts_under(d: Path) -> list[str]:
 
 
 def _instance_cgroup_dirs(instance: str) -> list[Path]:
-    # The microVM driver's QEMU processes live in `<instance>-vm`; the server
-    # makes (and caps) both instances at start.
-    names = (instance, f"{instance}-vm")
+    # The microVM driver's QEMU processes live in `<instance>-vm`, the full-VM
+    # driver's in `<instance>-fullvm`; the server makes (and caps) all three.
+    names = (instance, f"{instance}-vm", f"{instance}-fullvm")
     return [h / n for h in CGROUP_ROOT.iterdir() for n in names if (h / n).is_dir()]
 
 
@@ -135,7 +144,7 @@ def _instance_processes(instance: str) -> list[int]:
             continue
         state = stat[stat.rfind(")") + 1 :].split()[0]
         paths = [line.split(":", 2)[2] for line in cgroups.splitlines() if line.count(":") >= 2]
-        if state not in ("Z", "X") and any({instance, f"{instance}-vm"} & set(p.split("/")) for p in paths):
+        if state not in ("Z", "X") and any({instance, f"{instance}-vm", f"{instance}-fullvm"} & set(p.split("/")) for p in paths):
             pids.append(int(entry.name))
     return pids
 
@@ -179,7 +188,9 @@ def running_server(name: str, *extra_args: str) -> Iterator[Server]:
     instance = f"wpy-{os.getpid()}-{name}"
     srv = _start(binary, tmp, instance, list(extra_args))
     try:
-        answer = httpx.post(f"{srv.url}/v1/images", json={"name": IMAGE, "dir": str(tmp / "rootfs")}, timeout=120)
+        answer = httpx.post(
+            f"{srv.url}/v1/images", json={"name": IMAGE, "dir": str(tmp / "rootfs")}, headers=srv.headers, timeout=120
+        )
         assert answer.status_code == 201, f"importing the busybox image: {answer.text}"
         yield srv
         _finish(srv)
@@ -202,10 +213,10 @@ def server() -> Iterator[Server]:
 
 def _finish(srv: Server) -> None:
     """Deletes what the tests left running, then stops the server (SIGTERM)."""
-    listing = httpx.get(f"{srv.url}/v1/sandboxes", timeout=60).json()["sandboxes"]
+    listing = httpx.get(f"{srv.url}/v1/sandboxes", headers=srv.headers, timeout=60).json()["sandboxes"]
     for sb in listing:
         if sb["state"] != "ended":
-            answer = httpx.delete(f"{srv.url}/v1/sandboxes/{sb['id']}", timeout=60)
+            answer = httpx.delete(f"{srv.url}/v1/sandboxes/{sb['id']}", headers=srv.headers, timeout=60)
             assert answer.status_code == 200, f"deleting {sb['id']} at the end: {answer.text}"
     srv.proc.send_signal(signal.SIGTERM)
     try:

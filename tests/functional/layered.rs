@@ -100,3 +100,150 @@ async fn image_stats_report_what_the_lazy_cache_fetched() {
     assert!(stats["store"]["chunks_uploaded"].as_u64() >= Some(1), "{stats}");
     server.finish().await;
 }
+
+/// The test rootfs plus two 3 MiB files of random bytes, so reading one
+/// leaves the layer incomplete (and still filled lazily).
+fn rootfs_with_data(server: &TestServer) -> std::path::PathBuf {
+    let rootfs = server.path().join("data-rootfs");
+    let copied =
+        std::process::Command::new("cp").arg("-a").arg(server.path().join("rootfs")).arg(&rootfs).status().unwrap();
+    assert!(copied.success());
+    std::fs::create_dir_all(rootfs.join("data")).unwrap();
+    for name in ["a.bin", "b.bin"] {
+        let mut bytes = vec![0u8; DATA_FILE_BYTES as usize];
+        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom").unwrap(), &mut bytes).unwrap();
+        std::fs::write(rootfs.join("data").join(name), bytes).unwrap();
+    }
+    rootfs
+}
+
+const DATA_FILE_BYTES: u64 = 3 << 20;
+
+async fn sandbox_image_stats(server: &TestServer, id: &str) -> warren_api::SandboxImageStats {
+    let (status, body) = server.call(Method::GET, &format!("/v1/sandboxes/{id}/image-stats"), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    serde_json::from_value(body).unwrap()
+}
+
+#[tokio::test]
+async fn per_sandbox_stats_show_the_first_reader_fetching_and_the_next_hitting_the_node_cache() {
+    let server = TestServer::start().await;
+    let rootfs = rootfs_with_data(&server);
+    let (status, body) = server
+        .call(Method::POST, "/v1/images", Some(&json!({"name": "databox", "dir": rootfs, "format": "erofs"})))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    let first = server.create(small(json!({"image": "databox"}))).await;
+    server.sh_ok(&first.id, "cat /data/a.bin > /dev/null").await;
+    let a = sandbox_image_stats(&server, &first.id).await;
+    assert!(a.bytes_fetched >= DATA_FILE_BYTES && a.chunks_fetched >= 3, "the first reader fetched the file: {a:?}");
+    assert!(a.bytes_accessed >= DATA_FILE_BYTES, "{a:?}");
+
+    // The pages of the shared layer would serve the next reader without any
+    // event; drop the file's pages (not the layer file's data) so its read
+    // reaches the cache again.
+    let mnt = server.data_dir().join("layer-cache/mnt");
+    let layer = std::fs::read_dir(&mnt).unwrap().flatten().next().expect("one mounted layer").path();
+    let dropped = std::process::Command::new("dd")
+        .arg(format!("if={}", layer.join("data/a.bin").display()))
+        .args(["iflag=nocache", "count=0", "status=none"])
+        .status()
+        .unwrap();
+    assert!(dropped.success());
+
+    let second = server.create(small(json!({"image": "databox"}))).await;
+    server.sh_ok(&second.id, "cat /data/a.bin > /dev/null").await;
+    let b = sandbox_image_stats(&server, &second.id).await;
+    assert!(b.cache_hits >= 1, "the second reader found the data on the node: {b:?}");
+    assert!(b.bytes_accessed >= DATA_FILE_BYTES / 2, "{b:?}");
+    assert!(b.bytes_fetched < DATA_FILE_BYTES, "and did not fetch the file again: {b:?}");
+    assert_eq!(sandbox_image_stats(&server, &first.id).await.bytes_fetched, a.bytes_fetched, "A's own stay A's");
+    let out = std::process::Command::new(warren_cli_binary())
+        .args(["--url", &server.url, "--json", "image", "stats", "--sandbox", &second.id])
+        .output()
+        .expect("run the warren CLI");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let shown: warren_api::SandboxImageStats = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((shown.sandbox_id, shown.bytes_fetched), (second.id.clone(), b.bytes_fetched));
+
+    let (status, body) = server.call(Method::GET, "/v1/sandboxes/sb-0000000000000000/image-stats", None).await;
+    assert_api_error(status, &body, warren_api::ErrorCode::NotFound, None);
+    server.finish().await;
+}
+
+/// An s3s-fs serving a temp dir on loopback; killed and reaped on drop.
+struct S3Server {
+    child: std::process::Child,
+    endpoint: String,
+    root: tempfile::TempDir,
+}
+
+const S3_KEY: &str = "warren-test";
+const S3_SECRET: &str = "warren-test-secret";
+
+impl S3Server {
+    fn start() -> S3Server {
+        use std::io::BufRead;
+        let binary = std::env::var_os("WARREN_S3S_FS")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tools/bin/s3s-fs"));
+        assert!(
+            binary.is_file(),
+            "{} is missing: install it with crates/warren-image/scripts/s3-server.sh install",
+            binary.display()
+        );
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("warren")).unwrap();
+        let mut child = std::process::Command::new(&binary)
+            .args(["--host", "127.0.0.1", "--port", "0", "--access-key", S3_KEY, "--secret-key", S3_SECRET])
+            .arg(root.path())
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Keep draining its log so it never blocks on a full pipe.
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(at) = line.find("server is running at ") {
+                    let _ = tx.send(line[at + "server is running at ".len()..].trim().to_owned());
+                }
+            }
+        });
+        let endpoint = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("s3s-fs reports its address");
+        S3Server { child, endpoint, root }
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_node_on_an_s3_blob_store_keeps_its_chunks_in_the_bucket() {
+    let s3 = S3Server::start();
+    let env = |k: &str, v: &str| format!("{k}={v}");
+    let server = TestServer::start_launched(Launch {
+        prefix: vec![
+            "env".into(),
+            env("WARREN_S3_ACCESS_KEY_ID", S3_KEY),
+            env("WARREN_S3_SECRET_ACCESS_KEY", S3_SECRET),
+        ],
+        extra_args: vec!["--blob-store-s3".into(), format!("{}/warren", s3.endpoint)],
+        ..Launch::default()
+    })
+    .await;
+    import_lazybox(&server).await;
+    let sb = server.create(small(json!({"image": "lazybox"}))).await;
+    assert_eq!(server.sh_ok(&sb.id, "head -1 /etc/passwd").await, "root:x:0:0:root:/root:/bin/sh\n");
+    let chunks = std::fs::read_dir(s3.root.path().join("warren/chunks/sha256")).map(|d| d.count()).unwrap_or(0);
+    assert!(chunks > 0, "the layer's chunks are in the bucket");
+    assert!(!server.data_dir().join("blobs").exists(), "and not in the node's data dir");
+    server.finish().await;
+}

@@ -12,7 +12,6 @@
 //! (`scripts/setup-host.sh` installs both); without them every test here
 //! fails and says so instead of passing.
 
-use std::path::Path;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -21,23 +20,14 @@ use warren_api::{
     EndReason, ErrorCode, ExecFrame, ExecRequest, ExecStatus, FileKind, FileList, FileStat, SandboxInfo, SandboxState,
     StreamName,
 };
+use warren_tests::guest::{
+    count_moves_past, delete_leaves_nothing, guest_count, pause_or_resume, require_qemu_and_kernel, COUNTER,
+    PAUSE_WINDOW,
+};
 use warren_tests::*;
 
 /// Enough for the cloud kernel, the initramfs and busybox.
 const GUEST_MEMORY_MIB: u64 = 256;
-
-fn require_qemu_and_kernel() {
-    let qemu = Path::new("/usr/bin/qemu-system-x86_64").is_file();
-    let kernel = std::fs::read_dir("/boot").is_ok_and(|d| {
-        d.flatten()
-            .any(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("vmlinuz-") && n.ends_with("-cloud-amd64")))
-    });
-    assert!(
-        qemu && kernel,
-        "the microvm tests need qemu-system-x86 (found: {qemu}) and a Debian cloud kernel in /boot (found: {kernel}); \
-         run scripts/setup-host.sh"
-    );
-}
 
 async fn create_vm(server: &TestServer, extra: serde_json::Value) -> SandboxInfo {
     let mut body = small(json!({"backend": "microvm", "memory_mib": GUEST_MEMORY_MIB}));
@@ -56,7 +46,7 @@ fn with<F: FnOnce(&mut ExecRequest)>(mut req: ExecRequest, f: F) -> ExecRequest 
 
 #[tokio::test]
 async fn exec_cases_run_in_a_microvm_as_in_a_container() {
-    require_qemu_and_kernel();
+    require_qemu_and_kernel("microvm");
     let server = TestServer::start().await;
     let sb = create_vm(&server, json!({"env": {"FROM_SANDBOX": "s"}})).await;
     assert_eq!(sb.backend, warren_api::Backend::Microvm);
@@ -141,13 +131,13 @@ async fn exec_cases_run_in_a_microvm_as_in_a_container() {
     let (status, body) = server.try_exec_wait(&sb.id, &json!({"argv": ["/no/such/program"]})).await;
     assert_api_error(status, &body, ErrorCode::InvalidRequest, Some("argv"));
 
-    delete_leaves_nothing(&server, &sb.id).await;
+    delete_leaves_nothing(warren_api::Backend::Microvm, &server, &sb.id).await;
     server.finish().await;
 }
 
 #[tokio::test]
 async fn sessions_and_events_work_in_a_microvm() {
-    require_qemu_and_kernel();
+    require_qemu_and_kernel("microvm");
     let server = TestServer::start().await;
     let sb = create_vm(&server, json!({})).await;
     let session = server.create_session(&sb.id, json!({"cwd": "/"})).await;
@@ -168,7 +158,7 @@ async fn sessions_and_events_work_in_a_microvm() {
         assert!(syscalls.contains(&wanted), "no `{wanted}` event in {syscalls:?}");
     }
 
-    delete_leaves_nothing(&server, &sb.id).await;
+    delete_leaves_nothing(warren_api::Backend::Microvm, &server, &sb.id).await;
     server.finish().await;
 }
 
@@ -182,7 +172,7 @@ const MIB: usize = 1 << 20;
 /// staged remains; a file request resumes a paused VM.
 #[tokio::test]
 async fn file_api_works_in_a_microvm_as_in_a_container() {
-    require_qemu_and_kernel();
+    require_qemu_and_kernel("microvm");
     let server = TestServer::start().await;
     let sb = create_vm(&server, json!({})).await;
     let id = sb.id.as_str();
@@ -295,47 +285,8 @@ async fn file_api_works_in_a_microvm_as_in_a_container() {
     assert_eq!((status, got.len()), (StatusCode::OK, 4 * MIB));
     assert_eq!(server.get(id).await.state, SandboxState::Running);
 
-    delete_leaves_nothing(&server, id).await;
+    delete_leaves_nothing(warren_api::Backend::Microvm, &server, id).await;
     server.finish().await;
-}
-
-/// The guest's counter: as fast as busybox's shell goes, in a file of the
-/// writable disk that an exec reads.
-const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; done";
-/// How long the counter is left running, and left paused, for the two
-/// counts to compare; longer than the node's liveness probe period, so a
-/// probe runs while the VM is paused.
-const PAUSE_WINDOW: Duration = Duration::from_secs(3);
-
-async fn pause_or_resume(server: &TestServer, id: &str, verb: &str, want: SandboxState) {
-    let (status, body) = server.call(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/{verb}"), None).await;
-    assert_eq!(status.as_u16(), 200, "{verb} {id}: {body}\nlog:\n{}", server.log_tail(30));
-    let info: SandboxInfo = serde_json::from_value(body).expect("a sandbox info");
-    assert_eq!(info.state, want, "after {verb}: {info:?}");
-}
-
-/// The counter as the guest sees it (an exec, so it resumes a paused VM).
-/// The loop truncates the file before it writes it: an empty read is retried.
-async fn guest_count(server: &TestServer, id: &str) -> u64 {
-    for _ in 0..100 {
-        if let Ok(n) = server.sh_ok(id, "cat /tmp/count 2>/dev/null; true").await.trim().parse() {
-            return n;
-        }
-    }
-    panic!("the guest's counter never read as a number");
-}
-
-/// Bounded wait until the guest's counter passes `after`.
-async fn count_moves_past(server: &TestServer, id: &str, after: u64) -> u64 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let n = guest_count(server, id).await;
-        if n > after {
-            return n;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the guest's counter stays at {n}, not past {after}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// One VM for every case (TCG boots are slow): a paused VM's counter does
@@ -346,7 +297,7 @@ async fn count_moves_past(server: &TestServer, id: &str, after: u64) -> u64 {
 /// leaves no QEMU, disk, socket or cgroup.
 #[tokio::test]
 async fn paused_microvm_makes_no_progress_and_the_next_exec_resumes_it() {
-    require_qemu_and_kernel();
+    require_qemu_and_kernel("microvm");
     let server = TestServer::start().await;
     let sb = create_vm(&server, json!({})).await;
     let _counter = server.exec_open(&sb.id, &ExecRequest::shell(COUNTER)).await;
@@ -377,7 +328,7 @@ async fn paused_microvm_makes_no_progress_and_the_next_exec_resumes_it() {
     count_moves_past(&server, &sb.id, awake).await;
 
     pause_or_resume(&server, &sb.id, "pause", SandboxState::Paused).await;
-    delete_leaves_nothing(&server, &sb.id).await;
+    delete_leaves_nothing(warren_api::Backend::Microvm, &server, &sb.id).await;
     server.finish().await;
 }
 
@@ -385,7 +336,7 @@ async fn paused_microvm_makes_no_progress_and_the_next_exec_resumes_it() {
 /// restart like a running one, and its QEMU does not outlive the sweep.
 #[tokio::test]
 async fn paused_microvm_ends_node_restarted_on_a_restart_and_leaves_no_qemu() {
-    require_qemu_and_kernel();
+    require_qemu_and_kernel("microvm");
     let mut server = TestServer::start().await;
     let sb = create_vm(&server, json!({})).await;
     pause_or_resume(&server, &sb.id, "pause", SandboxState::Paused).await;
@@ -399,22 +350,6 @@ async fn paused_microvm_ends_node_restarted_on_a_restart_and_leaves_no_qemu() {
     assert_eq!(leaks::instance_processes(&vm_instance), vec![], "the paused VM's QEMU survives the restart");
     assert!(leaks::vm_run_entries(&server.data_dir()).is_empty(), "the paused VM's run directory survives");
     server.finish().await;
-}
-
-/// Deletes the sandbox and checks the host: no QEMU process in the VM
-/// driver's cgroups, no sandbox cgroup, no run directory (disk, sockets).
-async fn delete_leaves_nothing(server: &TestServer, id: &str) {
-    let vm_instance = leaks::vm_instance(&server.instance);
-    let run_dir = server.data_dir().join("vm").join(id);
-    assert!(run_dir.join("rw.img").is_file(), "a live microVM has its writable disk");
-    assert!(!leaks::instance_processes(&vm_instance).is_empty(), "QEMU runs in the VM driver's cgroup");
-    let ended = server.delete(id).await;
-    assert_eq!(ended.end_reason, Some(warren_api::EndReason::Deleted));
-    assert!(!run_dir.exists(), "{} survives the delete", run_dir.display());
-    assert_eq!(leaks::instance_processes(&vm_instance), vec![], "QEMU survives the delete");
-    let cgroups: Vec<_> =
-        leaks::sandbox_cgroup_dirs(&server.instance).into_iter().filter(|d| d.ends_with(id)).collect();
-    assert_eq!(cgroups, Vec::<std::path::PathBuf>::new(), "the sandbox's cgroups survive the delete");
 }
 
 /// Bounded: no `sleep` left in the guest.

@@ -22,6 +22,12 @@ use warren_tests::*;
 const GZIP_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
 const REGISTRY_WAIT: Duration = Duration::from_secs(30);
+/// The one user of an htpasswd-protected test registry.
+const USER: &str = "ci-bot";
+const PASSWORD: &str = "warren-registry-pw";
+/// bcrypt (cost 4, so the registry checks it fast) of [`PASSWORD`], made
+/// once with Python's `crypt.crypt(PASSWORD, crypt.mksalt(METHOD_BLOWFISH, rounds=16))`.
+const PASSWORD_BCRYPT: &str = "$2b$04$Kp1CeyTqp19kEctuGPvxGeoI6FUXq1OZc.DacJTtTDnp8hKmr5azC";
 
 /// A `docker-registry serve` of this test: killed and reaped on drop.
 struct Registry {
@@ -33,13 +39,26 @@ struct Registry {
 
 impl Registry {
     async fn start(dir: &Path) -> Registry {
+        Self::start_with(dir, "").await
+    }
+
+    /// A registry that admits only `USER` with `PASSWORD` (htpasswd auth).
+    async fn start_with_htpasswd(dir: &Path) -> Registry {
+        let htpasswd = dir.join("htpasswd");
+        fs::write(&htpasswd, format!("{USER}:{PASSWORD_BCRYPT}\n")).unwrap();
+        let auth = format!("auth:\n  htpasswd:\n    realm: warren-test\n    path: {}\n", htpasswd.display());
+        Self::start_with(dir, &auth).await
+    }
+
+    /// `extra` is appended to the registry's YAML config.
+    async fn start_with(dir: &Path, extra: &str) -> Registry {
         let storage = dir.join("registry-storage");
         fs::create_dir_all(&storage).unwrap();
         let config = dir.join("registry.yml");
         fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:0\n",
+                "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:0\n{extra}",
                 storage.display()
             ),
         )
@@ -73,7 +92,8 @@ impl Registry {
         }
         let probe = format!("http://{}/v2/", registry.addr);
         loop {
-            if reqwest::get(&probe).await.is_ok_and(|r| r.status() == StatusCode::OK) {
+            let answered = reqwest::get(&probe).await.map(|r| r.status());
+            if answered.is_ok_and(|s| s == StatusCode::OK || s == StatusCode::UNAUTHORIZED) {
                 return registry;
             }
             assert!(tokio::time::Instant::now() < deadline, "docker-registry did not answer {probe}");
@@ -143,6 +163,15 @@ fn oci_client() -> Client {
 /// Pushes the test image to `reference` with layer media type
 /// `layer_type`; returns the layer blobs' digests.
 async fn push_test_image(server: &TestServer, reference: &str, layer_type: &str) -> Vec<String> {
+    push_test_image_as(server, reference, layer_type, &RegistryAuth::Anonymous).await
+}
+
+async fn push_test_image_as(
+    server: &TestServer,
+    reference: &str,
+    layer_type: &str,
+    auth: &RegistryAuth,
+) -> Vec<String> {
     let layers = image_layers(server);
     let diff_ids: Vec<String> = layers.iter().map(|(tar, _)| sha256(tar)).collect();
     let config = json!({
@@ -155,10 +184,7 @@ async fn push_test_image(server: &TestServer, reference: &str, layer_type: &str)
         layers.into_iter().map(|(_, gz)| ImageLayer::new(gz, layer_type.into(), None)).collect();
     let digests = image_layers.iter().map(|l| l.sha256_digest()).collect();
     let reference: Reference = reference.parse().unwrap();
-    oci_client()
-        .push(&reference, &image_layers, config, &RegistryAuth::Anonymous, None)
-        .await
-        .expect("push the test image");
+    oci_client().push(&reference, &image_layers, config, auth, None).await.expect("push the test image");
     digests
 }
 
@@ -208,6 +234,7 @@ async fn a_pushed_oci_image_pulls_and_starts_sandboxes_with_its_files() {
     let (status, detail) = inspect(&server, "app").await;
     assert_eq!(status, StatusCode::OK, "{detail}");
     assert_eq!(detail["storage"], "erofs");
+    assert_eq!(detail["config"], json!({"env": ["PATH=/bin"], "entrypoint": [], "cmd": ["/bin/sh"]}), "{detail}");
     let layers = detail["layers"].as_array().unwrap();
     assert_eq!(layers.len(), 2, "{detail}");
     for layer in layers {
@@ -256,6 +283,7 @@ async fn a_warren_push_round_trips_the_exact_layers_and_roles() {
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let (_, copy) = inspect(&server, "copy").await;
     assert_eq!(layer_digests(&copy), layer_digests(&original), "the EROFS layers come back byte for byte");
+    assert_eq!(copy["config"], original["config"], "the image config travels with the artifact");
     for layer in copy["layers"].as_array().unwrap() {
         assert_eq!(layer["role"], "toolkit", "the pushed roles come back: {copy}");
     }
@@ -470,5 +498,116 @@ async fn an_index_resolves_to_its_linux_amd64_docker_manifest() {
     let sb = server.create(small(json!({"image": "multi"}))).await;
     assert_eq!(server.sh_ok(&sb.id, "cat /srv/hello.txt").await, "hello from the registry\n");
     assert_eq!(server.sh_ok(&sb.id, "test -e /etc/doomed.txt && echo there || echo gone").await, "gone\n");
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn an_authenticated_registry_refuses_anonymous_and_wrong_credentials_with_typed_errors() {
+    let server = TestServer::start().await;
+    let registry = Registry::start_with_htpasswd(server.path()).await;
+    let basic = RegistryAuth::Basic(USER.into(), PASSWORD.into());
+    let reference = registry.reference("private/app:v1");
+    push_test_image_as(&server, &reference, GZIP_LAYER, &basic).await;
+
+    let (status, body) = pull(&server, json!({"reference": reference})).await;
+    assert_api_error(status, &body, ErrorCode::RegistryAuthRequired, Some("auth"));
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_nothing_published(&server);
+
+    let wrong = json!({"reference": reference, "auth": {"username": USER, "password": "not-the-password"}});
+    let (status, body) = pull(&server, wrong).await;
+    assert_api_error(status, &body, ErrorCode::RegistryAuthFailed, Some("auth"));
+    assert!(!body.to_string().contains("not-the-password"), "the password is never echoed: {body}");
+    assert_nothing_published(&server);
+
+    let right = json!({"reference": reference, "auth": {"username": USER, "password": PASSWORD}});
+    let (status, body) = pull(&server, right).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let sb = server.create(small(json!({"image": "app"}))).await;
+    assert_eq!(server.sh_ok(&sb.id, "cat /srv/hello.txt").await, "hello from the registry\n");
+
+    // Push takes the same credentials.
+    let target = registry.reference("private/app-erofs:v1");
+    let (status, body) = server.call(Method::POST, "/v1/images/app/push", Some(&json!({"reference": target}))).await;
+    assert_api_error(status, &body, ErrorCode::RegistryAuthRequired, Some("auth"));
+    let push = json!({"reference": target, "auth": {"username": USER, "password": PASSWORD}});
+    let (status, body) = server.call(Method::POST, "/v1/images/app/push", Some(&push)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    for secret in [PASSWORD, "not-the-password"] {
+        assert!(!server.log_tail(100_000).contains(secret), "the server log never holds a password");
+    }
+    server.delete(&sb.id).await;
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn a_node_credentials_file_authenticates_pulls_that_bring_none() {
+    let creds = tempfile::tempdir().unwrap();
+    let file = creds.path().join("config.json");
+    let server = TestServer::start_with(&["--registry-auth-file", file.to_str().unwrap()]).await;
+    let registry = Registry::start_with_htpasswd(server.path()).await;
+    let reference = registry.reference("private/app:v1");
+    push_test_image_as(&server, &reference, GZIP_LAYER, &RegistryAuth::Basic(USER.into(), PASSWORD.into())).await;
+
+    // Docker's form: base64("user:password") under the registry's host.
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
+    fs::write(&file, json!({"auths": {registry.addr.clone(): {"auth": encoded}}}).to_string()).unwrap();
+    let (status, body) = pull(&server, json!({"reference": reference})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    // The request's own credentials win over the file's.
+    let wrong = json!({"reference": reference, "name": "other", "auth": {"username": USER, "password": "nope"}});
+    let (status, body) = pull(&server, wrong).await;
+    assert_api_error(status, &body, ErrorCode::RegistryAuthFailed, Some("auth"));
+    server.finish().await;
+}
+
+/// Runs the `warren` CLI against `server` with `stdin`; returns stdout,
+/// asserting success.
+fn cli(server: &TestServer, args: &[&str], stdin: &str, env: &[(&str, &Path)]) -> String {
+    use std::io::Write;
+    let mut child = Command::new(warren_cli_binary())
+        .args(["--url", &server.url])
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, *v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the warren CLI");
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "warren {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn the_cli_pulls_with_a_password_on_stdin_or_the_docker_config_of_the_user() {
+    let server = TestServer::start().await;
+    let registry = Registry::start_with_htpasswd(server.path()).await;
+    let reference = registry.reference("private/app:v1");
+    push_test_image_as(&server, &reference, GZIP_LAYER, &RegistryAuth::Basic(USER.into(), PASSWORD.into())).await;
+
+    let out = cli(
+        &server,
+        &["image", "pull", &reference, "--name", "one", "--username", USER, "--password-stdin"],
+        &format!("{PASSWORD}\n"),
+        &[],
+    );
+    assert!(out.contains("pulled"), "{out}");
+
+    // No flags: the entry for the registry in $DOCKER_CONFIG/config.json.
+    let docker = server.path().join("docker-config");
+    fs::create_dir_all(&docker).unwrap();
+    let entry = json!({"auths": {registry.addr.clone(): {"username": USER, "password": PASSWORD}}});
+    fs::write(docker.join("config.json"), entry.to_string()).unwrap();
+    let out = cli(&server, &["image", "pull", &reference, "--name", "two"], "", &[("DOCKER_CONFIG", &docker)]);
+    assert!(out.contains("pulled"), "{out}");
+    for name in ["one", "two"] {
+        let (status, detail) = inspect(&server, name).await;
+        assert_eq!(status, StatusCode::OK, "{detail}");
+    }
     server.finish().await;
 }

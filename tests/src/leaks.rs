@@ -88,9 +88,10 @@ fn unescape_mountinfo(field: &str) -> String {
 }
 
 /// `/sys/fs/cgroup/<hierarchy>/<instance>` (and the microVM driver's
-/// `<instance>-vm`) for every hierarchy that has it.
+/// `<instance>-vm`, the full-VM driver's `<instance>-fullvm`) for every
+/// hierarchy that has it.
 pub fn instance_cgroup_dirs(instance: &str) -> Vec<PathBuf> {
-    let names = [instance.to_string(), vm_instance(instance)];
+    let names = [instance.to_string(), vm_instance(instance), full_vm_instance(instance)];
     dir_entries(Path::new(CGROUP_ROOT))
         .into_iter()
         .flat_map(|h| names.iter().map(move |n| h.join(n)))
@@ -103,10 +104,20 @@ pub fn vm_instance(instance: &str) -> String {
     format!("{instance}-vm")
 }
 
-/// Sandbox directories of the microVM driver (its caches start with a dot).
+/// The full-VM driver's cgroup instance.
+pub fn full_vm_instance(instance: &str) -> String {
+    format!("{instance}-fullvm")
+}
+
+/// Sandbox directories of the microVM and full-VM drivers (their caches
+/// start with a dot).
 pub fn vm_run_entries(data_dir: &Path) -> Vec<PathBuf> {
     let hidden = |p: &PathBuf| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
-    dir_entries(&data_dir.join("vm")).into_iter().filter(|p| !hidden(p)).collect()
+    [dir_entries(&data_dir.join("vm")), dir_entries(&data_dir.join("fullvm"))]
+        .concat()
+        .into_iter()
+        .filter(|p| !hidden(p))
+        .collect()
 }
 
 /// The per-sandbox directories below the instance's directories.
@@ -131,10 +142,11 @@ pub fn instance_processes(instance: &str) -> Vec<(i32, String)> {
             continue;
         };
         let Ok(cgroups) = fs::read_to_string(entry.join("cgroup")) else { continue };
-        let in_instance = cgroups
-            .lines()
-            .filter_map(|l| l.splitn(3, ':').nth(2))
-            .any(|path| path.split('/').any(|component| component == instance || component == vm_instance(instance)));
+        let in_instance = cgroups.lines().filter_map(|l| l.splitn(3, ':').nth(2)).any(|path| {
+            path.split('/').any(|component| {
+                component == instance || component == vm_instance(instance) || component == full_vm_instance(instance)
+            })
+        });
         if in_instance && !is_zombie(pid) {
             out.push((pid, cmdline(pid)));
         }

@@ -39,9 +39,51 @@ pub struct TestServer {
     child: Option<Child>,
     /// Extra `warren serve` arguments, kept across restarts.
     extra_args: Vec<String>,
+    /// With `--auth on`: the root project's admin key the server wrote to
+    /// `admin.key`; `http` sends it on every request.
+    pub admin_key: Option<String>,
+    /// Command words before `warren` (e.g. `nsenter --net=...`), the
+    /// listen address and the headers every request carries, kept across
+    /// restarts.
+    prefix: Vec<String>,
+    listen: String,
+    headers: Vec<(String, String)>,
 }
 
-fn warren_binary() -> PathBuf {
+/// How a [`TestServer`] is launched beyond the defaults (loopback, the
+/// host's network namespace, no credentials).
+#[derive(Debug, Clone, Default)]
+pub struct Launch {
+    pub extra_args: Vec<String>,
+    /// Words run before the `warren` binary, e.g. `["nsenter", "--net=/run/netns/x", "--"]`.
+    pub prefix: Vec<String>,
+    /// `--listen` (default `127.0.0.1:0`).
+    pub listen: Option<String>,
+    /// Headers every request of the test client carries (a cluster token).
+    pub headers: Vec<(String, String)>,
+    /// Do not import the busybox image (a server that holds no images,
+    /// like a cluster's API server).
+    pub no_image: bool,
+}
+
+/// A client sending `headers` (name, value) on every request.
+fn http_client(headers: &[(String, String)]) -> reqwest::Client {
+    let mut map = reqwest::header::HeaderMap::new();
+    for (name, value) in headers {
+        let name = reqwest::header::HeaderName::from_bytes(name.as_bytes()).expect("a header name");
+        map.insert(name, reqwest::header::HeaderValue::from_str(value).expect("a header-safe value"));
+    }
+    reqwest::Client::builder().no_proxy().default_headers(map).build().expect("build an HTTP client")
+}
+
+/// The `warren` binary the tests run (beside the test executable, or
+/// `WARREN_BIN`), for tests that drive the CLI.
+pub fn warren_cli_binary() -> PathBuf {
+    warren_binary()
+}
+
+/// The `warren` binary the tests run (`WARREN_BIN`, else beside the test executable).
+pub fn warren_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("WARREN_BIN") {
         return PathBuf::from(path);
     }
@@ -67,23 +109,47 @@ impl TestServer {
         Self::start_with(&[]).await
     }
 
+    /// Like [`TestServer::start`], with `--auth on`: `http` (and so every
+    /// helper) acts with the admin key of the root project.
+    pub async fn start_with_auth(extra_args: &[&str]) -> TestServer {
+        let mut args = vec!["--auth", "on"];
+        args.extend_from_slice(extra_args);
+        Self::start_with(&args).await
+    }
+
     /// Like [`TestServer::start`], with extra `warren serve` arguments.
     pub async fn start_with(extra_args: &[&str]) -> TestServer {
+        Self::start_launched(Launch {
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            ..Launch::default()
+        })
+        .await
+    }
+
+    /// Like [`TestServer::start`], launched as `launch` says.
+    pub async fn start_launched(launch: Launch) -> TestServer {
         let dir = tempfile::Builder::new().prefix("warren-test-").tempdir().expect("make a temp dir");
         // Like /var/lib: the sandbox's ids must be able to traverse to its root.
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod the temp dir");
         rootfs::build_busybox_rootfs(&dir.path().join("rootfs")).expect("build the busybox rootfs");
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-        let http = reqwest::Client::builder().no_proxy().build().expect("build an HTTP client");
+        let http = http_client(&launch.headers);
         let mut server = TestServer {
             url: String::new(),
             http,
             instance: format!("wt-{}-{n}", std::process::id()),
             dir: Some(dir),
             child: None,
-            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            extra_args: launch.extra_args,
+            admin_key: None,
+            prefix: launch.prefix,
+            listen: launch.listen.unwrap_or_else(|| "127.0.0.1:0".into()),
+            headers: launch.headers,
         };
         server.launch().await;
+        if launch.no_image {
+            return server;
+        }
         let rootfs = server.path().join("rootfs");
         let (status, body) =
             server.call(Method::POST, "/v1/images", Some(&json!({"name": IMAGE, "dir": rootfs}))).await;
@@ -130,11 +196,19 @@ impl TestServer {
         let url_file = data_dir.join("server.url");
         let _ = fs::remove_file(&url_file);
         let log = OpenOptions::new().create(true).append(true).open(self.log_path()).expect("open the server log");
-        let child = Command::new(warren_binary())
+        let mut command = match self.prefix.split_first() {
+            Some((program, words)) => {
+                let mut c = Command::new(program);
+                c.args(words).arg(warren_binary());
+                c
+            }
+            None => Command::new(warren_binary()),
+        };
+        let child = command
             .arg("serve")
             .arg("--data-dir")
             .arg(&data_dir)
-            .args(["--listen", "127.0.0.1:0", "--instance", &self.instance])
+            .args(["--listen", &self.listen, "--instance", &self.instance])
             .args(&self.extra_args)
             .env("WARREN_LOG", std::env::var("WARREN_LOG").unwrap_or_else(|_| "info".into()))
             .env("NO_COLOR", "1")
@@ -145,6 +219,13 @@ impl TestServer {
             .expect("spawn `warren serve`");
         self.child = Some(child);
         self.url = self.wait_for_url(&url_file).await;
+        if let Ok(key) = fs::read_to_string(data_dir.join("admin.key")) {
+            let key = key.trim().to_string();
+            let mut headers = self.headers.clone();
+            headers.push((reqwest::header::AUTHORIZATION.to_string(), format!("Bearer {key}")));
+            self.http = http_client(&headers);
+            self.admin_key = Some(key);
+        }
     }
 
     async fn wait_for_url(&mut self, url_file: &Path) -> String {

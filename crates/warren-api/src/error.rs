@@ -15,6 +15,8 @@ pub enum ErrorCode {
     /// The operation exists but the sandbox's backend cannot perform it.
     Unsupported,
     NotFound,
+    /// No credentials, or credentials this server does not accept.
+    Unauthorized,
     /// The sandbox has ended; `message` carries the end reason.
     SandboxEnded,
     /// The idempotency key was used before with a different request.
@@ -32,9 +34,18 @@ pub enum ErrorCode {
     ImageInUse,
     /// The image registry could not be reached or failed; `message` says how.
     RegistryUnavailable,
+    /// The image registry wants credentials and the request gave none
+    /// (`auth`, or the node's registry credentials file).
+    RegistryAuthRequired,
+    /// The image registry refused the credentials given (wrong password,
+    /// or no access to the repository). Never echoes the password.
+    RegistryAuthFailed,
     /// The state store (etcd in a cluster) cannot be reached: nothing was
     /// changed that the caller cannot retry with the same idempotency key.
     StoreUnavailable,
+    /// Cluster mode: the sandbox's node does not answer right now (its
+    /// sandbox may still run; it ends `node_lost` if the node is lost).
+    NodeUnavailable,
     /// The sandbox is at one of its own limits (its pids limit is full):
     /// the same request may succeed once its processes end. `field` names
     /// the limit.
@@ -45,6 +56,13 @@ pub enum ErrorCode {
     /// The call's trajectory step is logged with a different request;
     /// `divergence` has the step and both hashes.
     TrajectoryDiverged,
+    /// The caller's key may not use this route at all: node-wide
+    /// administration (image changes, node statistics) needs a key of the
+    /// root project. (Another project's sandbox answers `not_found`.)
+    Forbidden,
+    /// A create would take a project past a quota; the body is a
+    /// `QuotaExceededError` naming the project and the quota.
+    QuotaExceeded,
     Internal,
 }
 
@@ -55,15 +73,20 @@ impl ErrorCode {
             ErrorCode::UnsupportedBackend | ErrorCode::Unsupported => 501,
             ErrorCode::NotFound | ErrorCode::FileNotFound | ErrorCode::ImageNotFound => 404,
             ErrorCode::SandboxEnded => 410,
+            ErrorCode::Forbidden => 403,
+            ErrorCode::Unauthorized => 401,
             ErrorCode::IdempotencyConflict
             | ErrorCode::FileConflict
             | ErrorCode::ImageInUse
             | ErrorCode::TrajectoryDiverged => 409,
             ErrorCode::CapacityExceeded => 503,
-            ErrorCode::LimitReached | ErrorCode::QueueFull => 429,
+            ErrorCode::LimitReached | ErrorCode::QueueFull | ErrorCode::QuotaExceeded => 429,
             ErrorCode::NoSpace => 507,
             ErrorCode::RegistryUnavailable => 502,
-            ErrorCode::StoreUnavailable => 503,
+            // Not 401: that answer is about the caller's own credentials
+            // for this API, these are about the registry's.
+            ErrorCode::RegistryAuthRequired | ErrorCode::RegistryAuthFailed => 403,
+            ErrorCode::StoreUnavailable | ErrorCode::NodeUnavailable => 503,
             ErrorCode::Internal => 500,
         }
     }

@@ -37,6 +37,26 @@ pub struct PullImageRequest {
     /// keeps the roles it was pushed with unless this is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<ImageLayerRole>,
+    /// Credentials for the registry; without them the node uses its
+    /// credentials file's entry for the registry host, if any, else
+    /// anonymous access.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<RegistryAuth>,
+}
+
+/// A registry username and password. The server never logs them, stores
+/// them or echoes them in an answer; `Debug` shows the username only.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryAuth {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for RegistryAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryAuth").field("username", &self.username).field("password", &"<redacted>").finish()
+    }
 }
 
 /// `POST /v1/images/{name}/push`: push a layered image to a registry as a
@@ -49,6 +69,9 @@ pub struct PushImageRequest {
     pub reference: String,
     #[serde(default)]
     pub insecure: bool,
+    /// As for a pull.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<RegistryAuth>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -78,6 +101,38 @@ pub struct ImageDetail {
     pub storage: ImageStorage,
     /// Bottom (base) first.
     pub layers: Vec<LayerDetail>,
+    /// The OCI config an imported or pulled image came with; absent when
+    /// the image has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<ImageRunConfig>,
+}
+
+/// An image's OCI config. `env` is every sandbox's default environment
+/// (the create request's `env`, then an exec's, override it) and
+/// `working_dir` the default `cwd` of execs and sessions. `entrypoint` +
+/// `cmd` is what `warren run IMAGE` runs when given no command; the server
+/// never runs them by itself. `user` is informational: execs run as the
+/// sandbox's root.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ImageRunConfig {
+    /// `NAME=value` entries.
+    #[serde(default)]
+    pub env: Vec<String>,
+    #[serde(default)]
+    pub entrypoint: Vec<String>,
+    #[serde(default)]
+    pub cmd: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+impl ImageRunConfig {
+    /// The command an image runs by default: `entrypoint` then `cmd`.
+    pub fn default_command(&self) -> Vec<String> {
+        self.entrypoint.iter().chain(&self.cmd).cloned().collect()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -118,6 +173,25 @@ pub enum ComposeLayer {
 pub struct ComposeImageRequest {
     pub name: String,
     pub layers: Vec<ComposeLayer>,
+}
+
+/// `GET /v1/sandboxes/{id}/image-stats`: what one sandbox's reads of its
+/// layered image cost, over all its layers, since the server started.
+/// Reads are attributed by the cgroup of the reading process (every
+/// sandbox has its own). Reads the page cache serves raise no fill event
+/// and count nowhere: a page one sandbox brought in serves the next without
+/// a trace. All zero for a directory image.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SandboxImageStats {
+    pub sandbox_id: String,
+    /// Sum of the ranges the sandbox's reads asked the layer cache for.
+    pub bytes_accessed: u64,
+    /// Bytes the cache fetched from the blob store for those reads.
+    pub bytes_fetched: u64,
+    pub chunks_fetched: u64,
+    /// Fill events whose whole range the node already held.
+    pub cache_hits: u64,
+    pub fill_events: u64,
 }
 
 /// `POST /v1/images/gc`: what was removed.

@@ -7,11 +7,13 @@
 //! Never: performs I/O or depends on any other Warren crate.
 
 pub mod batch;
+pub mod cluster;
 pub mod error;
 pub mod events;
 pub mod exec;
 pub mod files;
 pub mod function;
+pub mod iam;
 pub mod images;
 pub mod network;
 pub mod phase;
@@ -21,11 +23,13 @@ pub mod stats;
 pub mod trajectory;
 
 pub use batch::*;
+pub use cluster::*;
 pub use error::{ApiError, ErrorCode};
 pub use events::*;
 pub use exec::*;
 pub use files::*;
 pub use function::*;
+pub use iam::*;
 pub use images::*;
 pub use network::*;
 pub use phase::*;

@@ -102,8 +102,15 @@ pub struct CreateSandboxRequest {
     /// The same key always answers with the same sandbox, never a second one.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// The project the sandbox belongs to: the caller key's own project
+    /// (the default) or one below it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
 }
 
+fn root_project() -> String {
+    crate::iam::ROOT_PROJECT.to_string()
+}
 fn default_image() -> String {
     DEFAULT_IMAGE.to_string()
 }
@@ -171,6 +178,7 @@ impl Default for CreateSandboxRequest {
             phases: BTreeMap::new(),
             phase: None,
             idempotency_key: None,
+            project: None,
         }
     }
 }
@@ -286,6 +294,9 @@ pub enum EndReason {
     CreateFailed,
     /// The server stopped with `--destroy-on-exit`.
     Shutdown,
+    /// Cluster mode: its node stopped renewing its registration (crashed,
+    /// or cut off from etcd) and the sandbox was given up.
+    NodeLost,
 }
 
 /// Resources the sandbox asked for.
@@ -370,6 +381,12 @@ pub struct SandboxInfo {
     /// this guest, as on a host whose own KVM is paravirtual).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accelerator: Option<Accelerator>,
+    /// Cluster mode: the node it was placed on, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<crate::cluster::Placement>,
+    /// The project it belongs to (`root` for sandboxes made before IAM).
+    #[serde(default = "root_project")]
+    pub project: String,
 }
 
 /// How a VM sandbox's guest runs: hardware virtualization (`kvm`) or

@@ -132,6 +132,10 @@ pub struct TrajectoryOrigin {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     pub created_at_ms: u64,
+    /// The project the sandbox belonged to (absent: the root project); a
+    /// replay's sandbox lands in it too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
 }
 
 /// `GET /v1/sandboxes/{id}/trajectory`.

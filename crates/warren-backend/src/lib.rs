@@ -2,8 +2,10 @@
 //!
 //! Owns: turning a [`SandboxSpec`] into a running sandbox and back into
 //! nothing, running processes in it, giving the node a root to resolve file
-//! paths in (or, for a microVM, a channel to the init that resolves them:
-//! [`remote_files`]), and sweeping what a crash left behind.
+//! paths in (or, for a microVM or full VM, a channel to the init that
+//! resolves them: [`remote_files`]), and sweeping what a crash left behind.
+//! The full-VM backend is the microVM driver on a `q35` machine
+//! ([`microvm::Machine`]).
 //! Invariant: `destroy` and `sweep` are idempotent and leave no mount,
 //! cgroup, process or directory of the sandbox behind.
 //! Never: decides policy (admission, deadlines, output caps, idle timeouts):

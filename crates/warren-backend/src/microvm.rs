@@ -3,6 +3,14 @@
 //! layers as read-only virtio-blk disks stacked with overlayfs on a
 //! writable disk inside the guest.
 //!
+//! The same driver, built with [`Machine::Q35`] ([`MicroVmConfig::discover_full`]),
+//! is the full-VM backend (`backend: "vm"`): a `q35` machine with the
+//! same disks and port on PCI, the same kernel and initramfs; the guest's
+//! init stacks the root as for a microVM, installs itself as a systemd
+//! service in it and hands PID 1 to the image's systemd (see
+//! `warren-init`'s `vm::systemd`). Everything on the host side (mux,
+//! files, pause, teardown) is shared; the images must ship systemd.
+//!
 //! The host side (this module) owns the QEMU process, its cgroup, the
 //! sandbox's run directory (`<run_dir>/<id>/`: the writable disk, QEMU's
 //! port socket and the mux listener) and the mux task. Execs, pings and
@@ -45,7 +53,7 @@ use tokio::sync::OnceCell;
 use warren_api::{Backend, Usage};
 use warren_guard::cgroup::{Limits, SandboxCgroup};
 
-pub use self::qemu::{Accel, AccelChoice};
+pub use self::qemu::{Accel, AccelChoice, Machine};
 use self::qemu::{ConsoleTail, VmSpec};
 use crate::container::channel;
 use crate::{
@@ -54,7 +62,12 @@ use crate::{
 
 /// A TCG boot of this kernel to init takes about two seconds here; a loaded
 /// two-core machine booting several at once needs far more.
-const BOOT_DEADLINE: Duration = Duration::from_secs(50);
+const BOOT_DEADLINE: Duration = Duration::from_secs(120);
+/// A full VM boots firmware and systemd before its init service answers.
+const FULL_BOOT_DEADLINE: Duration = Duration::from_secs(240);
+/// Where an image's systemd lives (usr-merged or not): a full VM's image
+/// without it cannot boot.
+const SYSTEMD_PATHS: [&str; 2] = ["usr/lib/systemd/systemd", "lib/systemd/systemd"];
 const PING_TIMEOUT: Duration = Duration::from_secs(2);
 /// Memory QEMU itself needs beside the guest's (TCG's translation cache,
 /// device emulation, its own heap).
@@ -78,6 +91,7 @@ pub struct MicroVmConfig {
     /// driver's (each driver sweeps everything under its own).
     pub cgroup_instance: String,
     pub accel: AccelChoice,
+    pub machine: Machine,
 }
 
 impl MicroVmConfig {
@@ -104,7 +118,30 @@ impl MicroVmConfig {
             Ok("tcg") => AccelChoice::Force(Accel::Tcg),
             _ => AccelChoice::Auto,
         };
-        Ok(MicroVmConfig { run_dir, init_binary, qemu, kernel, modules_dir, cgroup_instance, accel })
+        Ok(MicroVmConfig {
+            run_dir,
+            init_binary,
+            qemu,
+            kernel,
+            modules_dir,
+            cgroup_instance,
+            accel,
+            machine: Machine::Micro,
+        })
+    }
+
+    /// As [`MicroVmConfig::discover`], for the full-VM backend (`q35`, systemd
+    /// images). The cloud kernel has the PCI virtio drivers q35 needs.
+    pub fn discover_full(run_dir: PathBuf, init_binary: PathBuf, cgroup_instance: String) -> Result<MicroVmConfig> {
+        let config = MicroVmConfig::discover(run_dir, init_binary, cgroup_instance)?;
+        Ok(MicroVmConfig { machine: Machine::Q35, ..config })
+    }
+
+    fn backend(&self) -> Backend {
+        match self.machine {
+            Machine::Micro => Backend::Microvm,
+            Machine::Q35 => Backend::Vm,
+        }
     }
 }
 
@@ -212,7 +249,11 @@ impl MicroVmDriver {
                 let dest = self.config.run_dir.join(".initramfs.cpio");
                 let (init, modules, out) =
                     (self.config.init_binary.clone(), self.config.modules_dir.clone(), dest.clone());
-                tokio::task::spawn_blocking(move || initramfs::build(&init, &modules, &out))
+                let list = match self.config.machine {
+                    Machine::Micro => initramfs::MODULES,
+                    Machine::Q35 => initramfs::Q35_MODULES,
+                };
+                tokio::task::spawn_blocking(move || initramfs::build(&init, &modules, list, &out))
                     .await
                     .map_err(|e| BackendError::io("initramfs task", std::io::Error::other(e)))??;
                 Ok::<_, BackendError>(dest)
@@ -232,7 +273,8 @@ impl MicroVmDriver {
                     AccelChoice::Force(a) => a,
                     AccelChoice::Auto => {
                         let jail = self.config.run_dir.join(".jail");
-                        qemu::probe_kvm(&self.config.qemu, &self.config.kernel, &initramfs, &jail).await
+                        let config = &self.config;
+                        qemu::probe_kvm(&config.qemu, config.machine, &config.kernel, &initramfs, &jail).await
                     }
                 }
             })
@@ -263,6 +305,7 @@ impl MicroVmDriver {
             kernel: &self.config.kernel,
             initramfs: &initramfs,
             accel,
+            machine: self.config.machine,
             vcpus: (spec.resources.cpus.ceil() as u32).max(1),
             memory_mib: spec.resources.memory_mib,
             layers: &layers,
@@ -299,7 +342,11 @@ impl MicroVmDriver {
     /// Starts the mux and pings until init answers, QEMU dies or the
     /// deadline passes.
     async fn wait_ready(&self, child: &mut Child, serial_sock: &Path, ctl_sock: &Path) -> Result<mux::Mux> {
-        let deadline = tokio::time::Instant::now() + BOOT_DEADLINE;
+        let limit = match self.config.machine {
+            Machine::Micro => BOOT_DEADLINE,
+            Machine::Q35 => FULL_BOOT_DEADLINE,
+        };
+        let deadline = tokio::time::Instant::now() + limit;
         let mux = mux::start(serial_sock, ctl_sock, Duration::from_secs(10)).await?;
         loop {
             if let Ok(Some(status)) = child.try_wait() {
@@ -309,7 +356,7 @@ impl MicroVmDriver {
                 return Ok(mux);
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(BackendError::Setup(format!("the microVM's init did not answer within {BOOT_DEADLINE:?}")));
+                return Err(BackendError::Setup(format!("the VM's init did not answer within {limit:?}")));
             }
         }
     }
@@ -357,19 +404,23 @@ impl MicroVmDriver {
 #[async_trait]
 impl Driver for MicroVmDriver {
     fn backend(&self) -> Backend {
-        Backend::Microvm
+        self.config.backend()
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxHandle> {
         check_id(&spec.id)?;
+        let backend = self.backend().as_str();
         if !spec.phase.protected_paths.is_empty() {
-            return Err(BackendError::Unsupported("microvm", "phases with protected paths"));
+            return Err(BackendError::Unsupported(backend, "phases with protected paths"));
         }
         if spec.network == warren_api::NetworkMode::Allowlist {
-            return Err(BackendError::Unsupported("microvm", "allowlist networking"));
+            return Err(BackendError::Unsupported(backend, "allowlist networking"));
         }
         if spec.resources.memory_mib < MIN_MEMORY_MIB {
-            return Err(BackendError::Unsupported("microvm", "memory below 128 MiB"));
+            return Err(BackendError::Unsupported(backend, "memory below 128 MiB"));
+        }
+        if self.config.machine == Machine::Q35 && !has_systemd(&spec.layers) {
+            return Err(BackendError::Unsupported(backend, "images without systemd (/lib/systemd/systemd)"));
         }
         let dir = self.dir(&spec.id);
         match fs::create_dir(&dir) {
@@ -394,7 +445,7 @@ impl Driver for MicroVmDriver {
                 self.running().insert(spec.id.clone(), running);
                 let state = HandleState { dir, accel };
                 let state = serde_json::to_value(&state).map_err(|e| BackendError::Protocol(e.to_string()))?;
-                Ok(SandboxHandle { id: spec.id.clone(), backend: Backend::Microvm, state })
+                Ok(SandboxHandle { id: spec.id.clone(), backend: self.backend(), state })
             }
             Err(e) => {
                 let _ = self.remove(&spec.id).await;
@@ -528,6 +579,13 @@ impl Driver for MicroVmDriver {
         }
         SandboxCgroup::remove_instance(&self.config.cgroup_instance).map_err(cgroup_err)
     }
+}
+
+/// Whether any of the image's layers holds systemd (whiteouts aside: an
+/// image that deletes its own systemd fails at boot instead, with the
+/// guest's console in the error).
+fn has_systemd(layers: &[PathBuf]) -> bool {
+    layers.iter().any(|layer| SYSTEMD_PATHS.iter().any(|p| fs::symlink_metadata(layer.join(p)).is_ok()))
 }
 
 fn check_id(id: &str) -> Result<()> {

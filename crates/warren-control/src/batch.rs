@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -12,6 +12,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use utoipa::IntoParams;
 use warren_api::*;
+use warren_iam::Caller;
 use warren_node::{BatchEvent, NodeError};
 
 use crate::error::HttpError;
@@ -55,9 +56,18 @@ pub struct CreateQuery {
         (status = 501, body = ApiError), (status = 503, body = ApiError)))]
 pub async fn create_sandbox(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     ApiQuery(q): ApiQuery<CreateQuery>,
-    ApiJson(req): ApiJson<CreateSandboxRequest>,
+    ApiJson(mut req): ApiJson<CreateSandboxRequest>,
 ) -> Response {
+    if let Err(e) = req.validate() {
+        return HttpError(e).into_response();
+    }
+    let new = crate::auth::new_sandboxes(&s, [req.idempotency_key.as_deref()]);
+    let _quota = match crate::auth::admit_create(&s, &caller, &mut req, new, q.queue, "project").await {
+        Ok(admitted) => admitted,
+        Err(refused) => return crate::auth::iam_error(refused),
+    };
     let made = if q.queue { s.node.create_queued(req).await } else { s.node.create(req).await };
     match made {
         Ok((info, made)) => (if made { StatusCode::CREATED } else { StatusCode::OK }, Json(info)).into_response(),
@@ -71,7 +81,24 @@ pub async fn create_sandbox(
 #[utoipa::path(post, path = "/v1/sandboxes/batch", request_body = BatchCreateRequest,
     responses((status = 200, description = "NDJSON stream of BatchFrame", body = BatchFrame, content_type = "application/x-ndjson"),
         (status = 400, body = ApiError), (status = 429, body = QueueFullError)))]
-pub async fn create_batch(State(s): State<AppState>, ApiJson(req): ApiJson<BatchCreateRequest>) -> Response {
+pub async fn create_batch(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiJson(mut req): ApiJson<BatchCreateRequest>,
+) -> Response {
+    if let Err(e) = req.validate() {
+        return HttpError(e).into_response();
+    }
+    // Items whose keys a first send of this batch claimed are retries: no quota.
+    let new: std::collections::BTreeSet<u32> = (0..req.count)
+        .filter(|&i| crate::auth::new_sandboxes(&s, [req.item(i).idempotency_key.as_deref()]) == 1)
+        .collect();
+    let count = new.len() as u64;
+    let quota =
+        match crate::auth::admit_create(&s, &caller, &mut req.template, count, req.queue, "template.project").await {
+            Ok(admitted) => admitted,
+            Err(refused) => return crate::auth::iam_error(refused),
+        };
     let mut events = match s.node.create_batch(req) {
         Ok(rx) => rx,
         Err(e) => return refusal(e),
@@ -80,6 +107,12 @@ pub async fn create_batch(State(s): State<AppState>, ApiJson(req): ApiJson<Batch
     tokio::spawn(async move {
         let (mut made, mut existing, mut failed) = (0, 0, 0);
         while let Some(event) = events.recv().await {
+            if let (BatchEvent::Item { index, .. }, Some(quota)) = (&event, &quota) {
+                if new.contains(index) {
+                    // The item is live (and counted as such) or failed: its reserved room goes back.
+                    quota.release_one();
+                }
+            }
             let frame = match event {
                 BatchEvent::Queued { position, items_waiting } => BatchFrame::Queued { position, items_waiting },
                 BatchEvent::Item { index, result } => match *result {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -122,6 +122,7 @@ pub struct ListQuery {
 #[utoipa::path(get, path = "/v1/sandboxes", params(ListQuery), responses((status = 200, body = SandboxList)))]
 pub async fn list_sandboxes(
     State(s): State<AppState>,
+    Extension(caller): Extension<warren_iam::Caller>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<SandboxList>> {
     let mut labels = BTreeMap::new();
@@ -129,7 +130,11 @@ pub async fn list_sandboxes(
         let (k, v) = l.split_once('=').ok_or_else(|| ApiError::invalid("label", "must be key=value"))?;
         labels.insert(k.to_string(), v.to_string());
     }
-    Ok(Json(SandboxList { sandboxes: s.node.list(&labels, q.state)? }))
+    let mut sandboxes = s.node.list(&labels, q.state)?;
+    if let Some(auth) = &s.auth {
+        sandboxes.retain(|info| auth.iam.may_act_on_project(&caller, &info.project));
+    }
+    Ok(Json(SandboxList { sandboxes }))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", params(("id" = String, Path)),
@@ -141,7 +146,12 @@ pub async fn get_sandbox(State(s): State<AppState>, Path(id): Path<String>) -> A
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", params(("id" = String, Path)),
     responses((status = 200, description = "ended (or had already ended)", body = SandboxInfo), (status = 404, body = ApiError)))]
 pub async fn delete_sandbox(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
-    Ok(Json(s.node.delete(&id).await?))
+    let info = s.node.delete(&id).await?;
+    if let Some(auth) = &s.auth {
+        // Its quota is free: creates waiting for it need not wait for their next look.
+        auth.iam.room_changed();
+    }
+    Ok(Json(info))
 }
 
 /// `pack_diff`: snapshot the sandbox's writable layer into a new image.

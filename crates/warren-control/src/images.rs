@@ -49,6 +49,16 @@ pub async fn inspect_image(State(s): State<AppState>, Path(name): Path<String>) 
     Ok(Json(s.node.inspect_image(&name).await?))
 }
 
+/// What one sandbox's reads of its layered image fetched and found cached.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/image-stats", params(("id" = String, Path)),
+    responses((status = 200, body = SandboxImageStats), (status = 404, body = ApiError)))]
+pub async fn sandbox_image_stats(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SandboxImageStats>> {
+    Ok(Json(s.node.sandbox_image_stats(&id)?))
+}
+
 /// Remove an image; refused while sandboxes or a warm pool use it.
 #[utoipa::path(delete, path = "/v1/images/{name}", params(("name" = String, Path)),
     responses((status = 204), (status = 404, body = ApiError), (status = 409, body = ApiError)))]

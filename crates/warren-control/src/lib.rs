@@ -8,6 +8,7 @@
 //! Never: holds sandbox state of its own, or reaches past the node to a
 //! backend.
 
+mod auth;
 mod batch;
 mod error;
 mod extract;
@@ -17,6 +18,7 @@ mod handlers;
 mod images;
 mod metrics;
 pub mod openapi;
+mod projects;
 mod trajectory;
 mod ui;
 
@@ -27,17 +29,28 @@ use axum::routing::{get, post};
 use axum::Router;
 use warren_node::Node;
 
+pub use auth::{caller_of, iam_error, resolve_project, sandbox_id, Auth};
 pub use error::HttpError;
+pub use projects::{routes as iam_routes, IamRoutes};
 pub use warren_e2b::E2bConfig;
 
 #[derive(Clone)]
 pub struct AppState {
     pub node: Node,
+    /// IAM (projects, keys, quotas); `None`: every request acts as the root
+    /// project and the project routes answer `unsupported`.
+    pub auth: Option<Auth>,
 }
 
-/// The complete v1 router.
+/// The complete v1 router, without IAM.
 pub fn router(node: Node) -> Router {
+    router_with_auth(node, None)
+}
+
+/// The complete v1 router; every route passes [`auth::authorize`].
+pub fn router_with_auth(node: Node, auth: Option<Auth>) -> Router {
     use handlers::*;
+    let state = AppState { node, auth };
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/stats", get(metrics::stats))
@@ -64,6 +77,7 @@ pub fn router(node: Node) -> Router {
         .route("/v1/functions/pools", get(functions::list_function_pools))
         .route("/v1/sandboxes/{id}", get(get_sandbox).delete(delete_sandbox))
         .route("/v1/sandboxes/{id}/pack", post(pack_sandbox))
+        .route("/v1/sandboxes/{id}/image-stats", get(images::sandbox_image_stats))
         .route("/v1/sandboxes/{id}/phase", axum::routing::put(set_phase))
         .route("/v1/sandboxes/{id}/network", axum::routing::put(set_network))
         .route("/v1/sandboxes/{id}/events", get(list_events))
@@ -80,8 +94,10 @@ pub fn router(node: Node) -> Router {
         .route("/v1/sandboxes/{id}/files/stat", get(files::stat))
         .route("/v1/sandboxes/{id}/files/list", get(files::list))
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
+        .merge(projects::routes())
         .fallback(handlers::not_found)
-        .with_state(AppState { node })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::authorize))
+        .with_state(state)
         .layer(axum::middleware::from_fn(close_after_refused_body))
 }
 
@@ -116,6 +132,30 @@ pub async fn serve(
 /// (`warren-e2b`; none of them starts with `/v1/`).
 pub fn router_with_e2b(node: Node, e2b: E2bConfig) -> Router {
     router(node.clone()).merge(warren_e2b::router(node, e2b).layer(axum::middleware::from_fn(close_after_refused_body)))
+}
+
+/// [`router_with_e2b`] with IAM in front of the v1 routes. The E2B routes
+/// keep their own `X-API-KEY` check and see every project's sandboxes, so
+/// with auth required and no E2B key configured (which would leave them
+/// open to anyone) they are not served at all.
+pub fn router_with_e2b_and_auth(node: Node, e2b: E2bConfig, auth: Option<Auth>) -> Router {
+    let e2b_open = e2b.api_keys.is_empty();
+    let required = auth.as_ref().is_some_and(|a| a.required);
+    let v1 = router_with_auth(node.clone(), auth);
+    if required && e2b_open {
+        tracing::warn!("auth is on and no --e2b-api-key is set: the E2B-compatible API is off");
+        return v1;
+    }
+    v1.merge(warren_e2b::router(node, e2b).layer(axum::middleware::from_fn(close_after_refused_body)))
+}
+
+/// Serves `app` until `shutdown` resolves, then stops accepting and drains.
+pub async fn serve_router(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
 
 /// [`serve`] with the E2B-compatible routes on the same listener.

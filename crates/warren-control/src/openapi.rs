@@ -1,9 +1,10 @@
 //! The OpenAPI document, generated from the handlers and the wire types. The
 //! checked-in copy (`docs/openapi.json`) is compared with it by a test.
 
-use utoipa::OpenApi;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
+use utoipa::{Modify, OpenApi};
 
-use crate::{batch, files, functions, handlers, images, metrics, trajectory};
+use crate::{batch, files, functions, handlers, images, metrics, projects, trajectory};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -21,6 +22,7 @@ use crate::{batch, files, functions, handlers, images, metrics, trajectory};
         images::remove_image,
         images::compose_image,
         images::gc_images,
+        images::sandbox_image_stats,
         batch::create_sandbox,
         batch::create_batch,
         batch::pause_sandbox,
@@ -52,10 +54,35 @@ use crate::{batch, files, functions, handlers, images, metrics, trajectory};
         files::mkdir,
         trajectory::get_trajectory,
         trajectory::replay_trajectory,
+        projects::create_project,
+        projects::list_projects,
+        projects::get_project,
+        projects::create_key,
+        projects::delete_key,
     ),
-    components(schemas(warren_api::ExecFrame, warren_api::ErrorCode, warren_api::BatchFrame))
+    components(schemas(
+        warren_api::ExecFrame,
+        warren_api::ErrorCode,
+        warren_api::BatchFrame,
+        warren_api::QuotaExceededError
+    )),
+    modifiers(&BearerKey)
 )]
 pub struct ApiDoc;
+
+/// `Authorization: Bearer <API key>`: required with `warren serve --auth on`,
+/// optional otherwise (docs/iam.md).
+struct BearerKey;
+
+impl Modify for BearerKey {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("api_key", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+        // The empty requirement makes the key optional: a server may run with auth off.
+        openapi.security =
+            Some(vec![SecurityRequirement::new("api_key", Vec::<String>::new()), SecurityRequirement::default()]);
+    }
+}
 
 /// The document as pretty JSON, byte-stable for a given build.
 pub fn document() -> String {

@@ -99,8 +99,9 @@ pub trait ChunkSource: Send + Sync {
     async fn fetch_chunk(&self, layer: &LayerManifest, index: usize) -> Result<Bytes, BlobError>;
 }
 
-/// An S3-compatible endpoint, addressed path-style.
-#[derive(Debug, Clone)]
+/// An S3-compatible endpoint, addressed path-style. `Debug` leaves the
+/// secret key out.
+#[derive(Clone)]
 pub struct S3Config {
     /// e.g. `http://127.0.0.1:9000`.
     pub endpoint: String,
@@ -109,6 +110,19 @@ pub struct S3Config {
     pub access_key_id: String,
     pub secret_access_key: String,
     pub allow_http: bool,
+}
+
+impl std::fmt::Debug for S3Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Config")
+            .field("endpoint", &self.endpoint)
+            .field("bucket", &self.bucket)
+            .field("region", &self.region)
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &"<redacted>")
+            .field("allow_http", &self.allow_http)
+            .finish()
+    }
 }
 
 /// What a layer is, apart from its bytes.
@@ -434,11 +448,22 @@ impl BlobStore {
         tag: &str,
         layers: &[(&str, &str)],
     ) -> Result<ImageManifest, BlobError> {
+        self.compose_image_with_config(name, tag, layers, layer::ImageConfig::default()).await
+    }
+
+    /// [`BlobStore::compose_image`] with the image config the image carries.
+    pub async fn compose_image_with_config(
+        &self,
+        name: &str,
+        tag: &str,
+        layers: &[(&str, &str)],
+        config: layer::ImageConfig,
+    ) -> Result<ImageManifest, BlobError> {
         let mut manifests = Vec::with_capacity(layers.len());
         for (layer_name, version) in layers {
             manifests.push(self.get_layer_manifest(layer_name, version).await?);
         }
-        let image = layer::compose(name, tag, &manifests)?;
+        let image = layer::compose_with_config(name, tag, &manifests, config)?;
         self.put_image_manifest(&image).await?;
         Ok(image)
     }

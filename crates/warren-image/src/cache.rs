@@ -26,6 +26,7 @@ mod fanotify;
 mod file;
 mod holder;
 mod mount;
+mod readers;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
@@ -49,6 +50,8 @@ use fanotify::Group;
 use file::{owned_file_hex, LayerFile};
 pub use holder::{holder_main, HolderCommand, HOLDER_ARG, HOLDER_CONTROL_FD, HOLDER_GROUP_FD};
 use holder::{Adopted, Holder};
+pub use readers::ReaderStats;
+use readers::Readers;
 
 pub const DEFAULT_FILL_THREADS: usize = 4;
 /// Held exclusively by the one cache that owns a directory.
@@ -238,6 +241,12 @@ impl LayerCache {
         stats
     }
 
+    /// Fill events by the cgroup of the process whose read raised them,
+    /// over every layer (see `readers` for what page-cache hits hide).
+    pub fn reader_stats(&self) -> Vec<ReaderStats> {
+        self.inner.shared.readers.snapshot()
+    }
+
     /// Evicts every unleased layer whose digest is not in `keep` (a layer
     /// no image references any more); returns how many and their bytes.
     pub fn evict_unreferenced(&self, keep: &HashSet<String>) -> (usize, u64) {
@@ -354,8 +363,15 @@ impl Inner {
                 (group, holder, false)
             }
         };
-        let shared =
-            Shared { group, files: RwLock::default(), source, runtime, holder: Mutex::new(holder), high_water };
+        let shared = Shared {
+            group,
+            files: RwLock::default(),
+            source,
+            runtime,
+            holder: Mutex::new(holder),
+            high_water,
+            readers: Readers::default(),
+        };
         let inner = Self {
             dir,
             mounts,

@@ -11,6 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::oci::ImageConfig;
+
 /// Smallest and largest chunk the store accepts; chunks are powers of two
 /// and at least one EROFS block, so chunk boundaries fall on block
 /// boundaries.
@@ -67,6 +69,10 @@ pub struct ImageManifest {
     pub name: String,
     pub tag: String,
     pub layers: Vec<LayerRef>,
+    /// The OCI config an imported or pulled image came with (environment,
+    /// working directory, command); empty for images made here.
+    #[serde(default, skip_serializing_if = "ImageConfig::is_empty")]
+    pub config: ImageConfig,
 }
 
 /// Why a manifest was refused.
@@ -162,6 +168,7 @@ impl ImageManifest {
         if self.layers.is_empty() {
             return Err(LayerError::InvalidImage { image: self.id(), reason: "no layers".into() });
         }
+        self.config.validate().map_err(|reason| LayerError::InvalidImage { image: self.id(), reason })?;
         for (i, layer) in self.layers.iter().enumerate() {
             check_name("layer name", &layer.name)?;
             check_name("layer version", &layer.version)?;
@@ -207,6 +214,16 @@ impl ImageManifest {
 /// A new image `name:tag` made of existing `layers`, bottom first. Only
 /// references are copied: no layer data moves.
 pub fn compose(name: &str, tag: &str, layers: &[LayerManifest]) -> Result<ImageManifest, LayerError> {
+    compose_with_config(name, tag, layers, ImageConfig::default())
+}
+
+/// [`compose`] with the image config the new image carries.
+pub fn compose_with_config(
+    name: &str,
+    tag: &str,
+    layers: &[LayerManifest],
+    config: ImageConfig,
+) -> Result<ImageManifest, LayerError> {
     for layer in layers {
         layer.validate()?;
     }
@@ -214,6 +231,7 @@ pub fn compose(name: &str, tag: &str, layers: &[LayerManifest]) -> Result<ImageM
         name: name.to_owned(),
         tag: tag.to_owned(),
         layers: layers.iter().map(|l| l.to_ref()).collect(),
+        config,
     };
     image.validate()?;
     Ok(image)
@@ -312,6 +330,30 @@ mod tests {
         assert_eq!(names, ["base", "tools"]);
         assert!(compose("py", "v2", &[]).is_err());
         assert!(compose("py", "v2", &[layer("base", 10, 4096), layer("base", 10, 4096)]).is_err());
+    }
+
+    #[test]
+    fn an_image_config_round_trips_and_a_relative_working_dir_is_refused() {
+        let config = ImageConfig {
+            env: vec!["PATH=/opt/bin:/bin".into(), "GREETING=a=b".into()],
+            working_dir: Some("/srv".into()),
+            cmd: vec!["/bin/sh".into()],
+            ..ImageConfig::default()
+        };
+        let image = compose_with_config("py", "v1", &[layer("base", 10, 4096)], config.clone()).unwrap();
+        let back = ImageManifest::from_json(&image.to_json().unwrap()).unwrap();
+        assert_eq!(back.config, config);
+        assert_eq!(back.config.env_map()["GREETING"], "a=b");
+        let plain = compose("py", "v1", &[layer("base", 10, 4096)]).unwrap();
+        assert!(!String::from_utf8(plain.to_json().unwrap()).unwrap().contains("config"));
+        for bad in [
+            ImageConfig { working_dir: Some("srv".into()), ..ImageConfig::default() },
+            ImageConfig { env: vec!["NOEQUALS".into()], ..ImageConfig::default() },
+            ImageConfig { env: vec!["=x".into()], ..ImageConfig::default() },
+        ] {
+            let err = compose_with_config("py", "v1", &[layer("base", 10, 4096)], bad.clone());
+            assert!(matches!(err, Err(LayerError::InvalidImage { .. })), "{bad:?}");
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@
 
 pub mod blob;
 pub mod cache;
+pub mod docker_config;
 pub mod erofs;
 mod error;
 mod fsutil;

@@ -96,14 +96,51 @@ pub enum OciError {
     Scratch(#[source] ImageError),
 }
 
-/// The parts of an image config a sandbox needs.
+/// The parts of an image config a sandbox needs. Kept with the image's
+/// manifest; the node applies `env` and `working_dir` to every exec.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ImageConfig {
+    /// `NAME=value` entries, in the image's order (a later one wins).
     pub env: Vec<String>,
     pub cmd: Vec<String>,
     pub entrypoint: Vec<String>,
+    /// Absolute path.
     pub working_dir: Option<String>,
     pub user: Option<String>,
+}
+
+impl ImageConfig {
+    pub fn is_empty(&self) -> bool {
+        self == &ImageConfig::default()
+    }
+
+    /// Refuses what could not be applied to a process: an `Env` entry that
+    /// is not `NAME=value` (name non-empty) or holds NUL, a relative or
+    /// NUL-holding `WorkingDir`, NUL in `Cmd`, `Entrypoint` or `User`.
+    pub fn validate(&self) -> Result<(), String> {
+        for entry in &self.env {
+            match entry.split_once('=') {
+                Some((name, _)) if !name.is_empty() && !entry.contains('\0') => {}
+                _ => return Err(format!("Env entry {entry:?} is not NAME=value")),
+            }
+        }
+        if let Some(dir) = &self.working_dir {
+            if !dir.starts_with('/') || dir.contains('\0') {
+                return Err(format!("WorkingDir {dir:?} is not an absolute path"));
+            }
+        }
+        let words = self.cmd.iter().chain(&self.entrypoint).chain(&self.user);
+        if words.into_iter().any(|w| w.contains('\0')) {
+            return Err("Cmd, Entrypoint and User must not contain NUL".to_owned());
+        }
+        Ok(())
+    }
+
+    /// `env` as name -> value, a later entry overriding an earlier one.
+    pub fn env_map(&self) -> std::collections::BTreeMap<String, String> {
+        self.env.iter().filter_map(|e| e.split_once('=')).map(|(k, v)| (k.to_owned(), v.to_owned())).collect()
+    }
 }
 
 /// An imported image: EROFS layers in `out_dir`, bottom first, and its
@@ -282,7 +319,7 @@ fn read_layout_image(root: &Root, reference: Option<&str>) -> Result<ResolvedIma
             diff_id: diff_ids.get(index).cloned(),
         });
     }
-    Ok(ResolvedImage { layers, config: image_config(config) })
+    Ok(ResolvedImage { layers, config: image_config(config)? })
 }
 
 /// Follows image indexes down to one image manifest, picking linux/amd64
@@ -371,7 +408,7 @@ fn read_docker_image(root: &Root, manifest: File, reference: Option<&str>) -> Re
             diff_id: Some(diff_id),
         })
         .collect();
-    Ok(ResolvedImage { layers, config: image_config(config) })
+    Ok(ResolvedImage { layers, config: image_config(config)? })
 }
 
 fn choose_docker_entry<'a>(
@@ -393,15 +430,17 @@ fn choose_docker_entry<'a>(
     }
 }
 
-fn image_config(file: ConfigFile) -> ImageConfig {
+fn image_config(file: ConfigFile) -> Result<ImageConfig, OciError> {
     let c = file.config.unwrap_or_default();
-    ImageConfig {
+    let config = ImageConfig {
         env: c.env.unwrap_or_default(),
         cmd: c.cmd.unwrap_or_default(),
         entrypoint: c.entrypoint.unwrap_or_default(),
         working_dir: c.working_dir.filter(|w| !w.is_empty()),
         user: c.user.filter(|u| !u.is_empty()),
-    }
+    };
+    config.validate().map_err(|reason| OciError::Invalid(format!("the image config: {reason}")))?;
+    Ok(config)
 }
 
 /// Verifies and converts every layer into the scratch directory.

@@ -1,5 +1,7 @@
 //! Pull and push over the OCI distribution protocol (the `oci-client`
-//! crate), anonymously.
+//! crate), anonymously or with a username and password: HTTP basic auth,
+//! or the bearer-token flow a registry's `WWW-Authenticate` challenge asks
+//! for (oci-client trades the credentials for a token at the realm).
 //!
 //! A pull resolves `name:tag` (or `name@digest`) to one image manifest -
 //! OCI or Docker v2 schema 2, linux/amd64 picked from an index - and
@@ -15,7 +17,9 @@
 //! downloaded and unknown ones refused; layer files appear in `out_dir`
 //! only once every layer is in, so a failed pull leaves nothing behind.
 //! Plain HTTP is used only for a loopback registry or when the caller asks
-//! for it (`insecure`).
+//! for it (`insecure`). A password never appears in a `Debug` print or an
+//! error: [`RegistryCredentials`] redacts it, and errors carry only the
+//! registry's own words and URLs (credentials travel in headers).
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -58,11 +62,20 @@ pub enum RegistryError {
     /// The registry has no such repository, tag, manifest or blob.
     #[error("{reference}: not found in the registry: {message}")]
     NotFound { reference: String, message: String },
-    #[error("{reference}: the registry refused access (only anonymous access is supported): {message}")]
-    Denied { reference: String, message: String },
+    /// The registry wants credentials and none were given.
+    #[error("{reference}: the registry requires authentication: {message}")]
+    AuthRequired { reference: String, message: String },
+    /// The registry refused the credentials given (wrong password, or no
+    /// access to this repository).
+    #[error("{reference}: the registry refused the credentials for user {username:?}: {message}")]
+    AuthFailed { reference: String, username: String, message: String },
     /// The registry could not be reached or answered with an error.
     #[error("{reference}: registry error: {message}")]
     Registry { reference: String, message: String },
+    /// The registry refused access; [`pull`] and [`push`] turn this into
+    /// [`RegistryError::AuthRequired`] or [`RegistryError::AuthFailed`].
+    #[error("{reference}: the registry refused access: {message}")]
+    Denied { reference: String, message: String },
     #[error("{what}: digest mismatch: expected {expected}, found {actual}")]
     DigestMismatch { what: String, expected: String, actual: String },
     #[error("{what}: size mismatch: expected {expected} bytes, found {actual}")]
@@ -92,10 +105,48 @@ pub enum RegistryError {
 }
 
 /// How to reach the registry.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RegistryOptions {
     /// Use plain HTTP for this registry even though it is not on loopback.
     pub insecure: bool,
+    /// Anonymous access without.
+    pub credentials: Option<RegistryCredentials>,
+}
+
+/// A registry username and password. `Debug` shows the username only.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RegistryCredentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for RegistryCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryCredentials")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+impl RegistryOptions {
+    fn auth(&self) -> RegistryAuth {
+        match &self.credentials {
+            Some(c) => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
+            None => RegistryAuth::Anonymous,
+        }
+    }
+
+    /// A refusal as the caller can act on it: give credentials, or fix them.
+    fn classify(&self, e: RegistryError) -> RegistryError {
+        match (e, &self.credentials) {
+            (RegistryError::Denied { reference, message }, None) => RegistryError::AuthRequired { reference, message },
+            (RegistryError::Denied { reference, message }, Some(c)) => {
+                RegistryError::AuthFailed { reference, username: c.username.clone(), message }
+            }
+            (other, _) => other,
+        }
+    }
 }
 
 /// One layer a pull produced, with the role and `name@version` a
@@ -145,6 +196,9 @@ pub struct PushedImage {
 #[derive(Debug, Serialize, Deserialize)]
 struct WarrenConfig {
     layers: Vec<LayerOrigin>,
+    /// The image's own config (environment, working directory, command).
+    #[serde(default, skip_serializing_if = "ImageConfig::is_empty")]
+    image: ImageConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -185,9 +239,19 @@ pub async fn pull(
     out_dir: &Path,
     build: &BuildOptions,
 ) -> Result<PulledImage, RegistryError> {
+    pull_as(reference, &options, out_dir, build).await.map_err(|e| options.classify(e))
+}
+
+async fn pull_as(
+    reference: &str,
+    options: &RegistryOptions,
+    out_dir: &Path,
+    build: &BuildOptions,
+) -> Result<PulledImage, RegistryError> {
     let reference = parse_reference(reference)?;
     let client = client_for(&reference, options, false);
-    let (manifest_ref, media_type, manifest_bytes, manifest) = resolve_manifest(&client, &reference).await?;
+    let auth = options.auth();
+    let (manifest_ref, media_type, manifest_bytes, manifest) = resolve_manifest(&client, &reference, &auth).await?;
     let (config_desc, layer_descs) = match (manifest.config, manifest.layers) {
         (Some(c), Some(l)) if !l.is_empty() => (c, l),
         _ => {
@@ -202,14 +266,9 @@ pub async fn pull(
     let blobs = layout.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).map_err(|e| io_err(format!("creating {}", blobs.display()), e))?;
     if config_desc.media_type == MEDIA_WARREN_CONFIG {
-        let layers = pull_warren_layers(&client, &manifest_ref, &config_desc, &layer_descs, &scratch).await?;
+        let (layers, config) = pull_warren_layers(&client, &manifest_ref, &config_desc, &layer_descs, &scratch).await?;
         let published = publish(scratch, layers, out_dir)?;
-        return Ok(PulledImage {
-            resolved: whole(&manifest_ref),
-            layers: published,
-            config: ImageConfig::default(),
-            warren_artifact: true,
-        });
+        return Ok(PulledImage { resolved: whole(&manifest_ref), layers: published, config, warren_artifact: true });
     }
     check_image_media_types(&config_desc, &layer_descs)?;
     download(&client, &manifest_ref, &config_desc, "image config", &blobs).await?;
@@ -233,12 +292,23 @@ pub async fn pull(
     })
 }
 
-/// Pushes `layers` (bottom first) as a Warren artifact to `reference`.
-/// Each layer file is read whole into memory while it is sent.
+/// Pushes `layers` (bottom first) and the image's `config` as a Warren
+/// artifact to `reference`. Each layer file is read whole into memory while
+/// it is sent.
 pub async fn push(
     reference: &str,
     options: RegistryOptions,
     layers: &[PushLayer],
+    image_config: &ImageConfig,
+) -> Result<PushedImage, RegistryError> {
+    push_as(reference, &options, layers, image_config).await.map_err(|e| options.classify(e))
+}
+
+async fn push_as(
+    reference: &str,
+    options: &RegistryOptions,
+    layers: &[PushLayer],
+    image_config: &ImageConfig,
 ) -> Result<PushedImage, RegistryError> {
     let reference = parse_reference(reference)?;
     if reference.digest().is_some() {
@@ -248,6 +318,12 @@ pub async fn push(
         });
     }
     let client = client_for(&reference, options, true);
+    // Blob uploads use whatever the client learnt here: a bearer token for
+    // push scope, or the basic credentials.
+    client
+        .auth(&reference, &options.auth(), oci_client::RegistryOperation::Push)
+        .await
+        .map_err(|e| registry_err(&reference, e))?;
     let mut descriptors = Vec::with_capacity(layers.len());
     let mut layer_bytes = 0u64;
     for layer in layers {
@@ -267,7 +343,8 @@ pub async fn push(
             },
         }));
     }
-    let config = WarrenConfig { layers: layers.iter().map(|l| l.origin.clone()).collect() };
+    let config =
+        WarrenConfig { layers: layers.iter().map(|l| l.origin.clone()).collect(), image: image_config.clone() };
     let config = serde_json::to_vec(&config).map_err(|e| RegistryError::Invalid(e.to_string()))?;
     let config_digest = sha256_digest(&config);
     client.push_blob(&reference, &config, &config_digest).await.map_err(|e| registry_err(&reference, e))?;
@@ -286,6 +363,12 @@ pub async fn push(
     Ok(PushedImage { resolved, manifest_digest, layer_bytes })
 }
 
+/// The registry host (`host[:port]`) `reference` names, as credentials are
+/// looked up by.
+pub fn registry_host(reference: &str) -> Result<String, RegistryError> {
+    Ok(parse_reference(reference)?.resolve_registry().to_owned())
+}
+
 fn parse_reference(reference: &str) -> Result<Reference, RegistryError> {
     reference
         .parse::<Reference>()
@@ -294,7 +377,7 @@ fn parse_reference(reference: &str) -> Result<Reference, RegistryError> {
 
 /// A client speaking HTTPS, or plain HTTP to a loopback registry or one
 /// the caller marked insecure.
-fn client_for(reference: &Reference, options: RegistryOptions, pushing: bool) -> Client {
+fn client_for(reference: &Reference, options: &RegistryOptions, pushing: bool) -> Client {
     Client::new(ClientConfig {
         protocol: protocol_for(reference, options),
         // Chunked uploads are an optional part of the spec some registries
@@ -304,7 +387,7 @@ fn client_for(reference: &Reference, options: RegistryOptions, pushing: bool) ->
     })
 }
 
-fn protocol_for(reference: &Reference, options: RegistryOptions) -> ClientProtocol {
+fn protocol_for(reference: &Reference, options: &RegistryOptions) -> ClientProtocol {
     let registry = reference.resolve_registry().to_owned();
     if options.insecure || is_loopback(&registry) {
         ClientProtocol::HttpsExcept(vec![registry])
@@ -327,11 +410,12 @@ fn is_loopback(registry: &str) -> bool {
 async fn resolve_manifest(
     client: &Client,
     reference: &Reference,
+    auth: &RegistryAuth,
 ) -> Result<(Reference, String, Vec<u8>, AnyManifest), RegistryError> {
     let mut current = reference.clone();
     for _ in 0..MAX_INDEX_DEPTH {
         let (bytes, digest) = client
-            .pull_manifest_raw(&current, &RegistryAuth::Anonymous, ACCEPTED_MANIFESTS)
+            .pull_manifest_raw(&current, auth, ACCEPTED_MANIFESTS)
             .await
             .map_err(|e| registry_err(&current, e))?;
         let actual = sha256_digest(&bytes);
@@ -404,7 +488,7 @@ async fn pull_warren_layers(
     config_desc: &Descriptor,
     layer_descs: &[Descriptor],
     scratch: &DirGuard,
-) -> Result<Vec<PulledLayer>, RegistryError> {
+) -> Result<(Vec<PulledLayer>, ImageConfig), RegistryError> {
     for (index, desc) in layer_descs.iter().enumerate() {
         if desc.media_type != MEDIA_WARREN_LAYER {
             return Err(unknown_media(&format!("layer {index} of a Warren image"), &desc.media_type));
@@ -417,6 +501,10 @@ async fn pull_warren_layers(
     let bytes = std::fs::read(&config_path).map_err(|e| io_err("reading the image config".into(), e))?;
     let config: WarrenConfig = serde_json::from_slice(&bytes)
         .map_err(|e| RegistryError::Invalid(format!("the Warren image config is not valid: {e}")))?;
+    config
+        .image
+        .validate()
+        .map_err(|reason| RegistryError::Invalid(format!("the Warren image config is not valid: {reason}")))?;
     if config.layers.len() != layer_descs.len() {
         return Err(RegistryError::Invalid(format!(
             "the Warren image config describes {} layers, the manifest lists {}",
@@ -425,7 +513,7 @@ async fn pull_warren_layers(
         )));
     }
     let mut layers = Vec::with_capacity(layer_descs.len());
-    for (index, (desc, origin)) in layer_descs.iter().zip(config.layers).enumerate() {
+    for (index, (desc, origin)) in layer_descs.iter().zip(config.layers.clone()).enumerate() {
         let path = download(client, reference, desc, &format!("layer {index}"), scratch.path()).await?;
         let check = path.clone();
         let metadata_ranges = tokio::task::spawn_blocking(move || erofs::metadata_ranges(&check))
@@ -435,7 +523,7 @@ async fn pull_warren_layers(
         let built = BuiltLayer { path, digest: desc.digest.clone(), size: desc.size, metadata_ranges };
         layers.push(PulledLayer { built, origin: Some(origin) });
     }
-    Ok(layers)
+    Ok((layers, config.image))
 }
 
 /// Streams blob `desc` into `dir/<hex>`, hashing and counting as it goes.
@@ -569,6 +657,9 @@ fn registry_err(reference: &Reference, e: OciDistributionError) -> RegistryError
         }
         OciDistributionError::ImageManifestNotFoundError(message) => RegistryError::NotFound { reference, message },
         OciDistributionError::ServerError { code: 404, message, .. } => RegistryError::NotFound { reference, message },
+        OciDistributionError::ServerError { code: 401 | 403, message, .. } => {
+            RegistryError::Denied { reference, message }
+        }
         OciDistributionError::UnauthorizedError { url } | OciDistributionError::AuthenticationFailure(url) => {
             RegistryError::Denied { reference, message: url }
         }
@@ -625,10 +716,23 @@ mod tests {
     fn a_remote_registry_is_https_unless_marked_insecure() {
         let remote: Reference = "registry.example/app:v1".parse().unwrap();
         let local: Reference = "127.0.0.1:5000/app:v1".parse().unwrap();
-        let scheme = |r: &Reference, insecure| matches!(protocol_for(r, RegistryOptions { insecure }), ClientProtocol::HttpsExcept(list) if list == [r.resolve_registry()]);
+        let scheme = |r: &Reference, insecure| matches!(protocol_for(r, &RegistryOptions { insecure, credentials: None }), ClientProtocol::HttpsExcept(list) if list == [r.resolve_registry()]);
         assert!(!scheme(&remote, false));
         assert!(scheme(&remote, true));
         assert!(scheme(&local, false));
+    }
+
+    #[test]
+    fn credentials_never_show_their_password() {
+        let credentials = RegistryCredentials { username: "ci".into(), password: "hunter2-secret".into() };
+        let options = RegistryOptions { insecure: false, credentials: Some(credentials) };
+        assert!(!format!("{options:?}").contains("hunter2"), "{options:?}");
+        let denied = RegistryError::Denied { reference: "r/x:1".into(), message: "unauthorized".into() };
+        let failed = options.classify(denied);
+        assert!(matches!(failed, RegistryError::AuthFailed { .. }), "{failed:?}");
+        assert!(!failed.to_string().contains("hunter2"), "{failed}");
+        let denied = RegistryError::Denied { reference: "r/x:1".into(), message: "unauthorized".into() };
+        assert!(matches!(RegistryOptions::default().classify(denied), RegistryError::AuthRequired { .. }));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The in-sandbox agent: PID 1 of every container sandbox and of every
-//! microVM's guest (see `vm`).
+//! microVM's guest (see `vm`), and in a full VM a service of the guest's
+//! systemd (see `vm::systemd`).
 //!
 //! Owns: building the sandbox from inside (namespaces it enters, its mounts,
 //! `pivot_root`, masks, capability drop, the seccomp filter and the record of

@@ -1,7 +1,8 @@
 //! `warren-init`: PID 1 of a container sandbox (see the library's doc for
 //! what it owns). Started by the host with the setup socket at fd 3 and the
 //! control listener at fd 4; or by a microVM's kernel as its PID 1 (see
-//! `vm`); or, inside a sandbox, by PID 1 as a phase
+//! `vm`); or by a full VM's systemd as its agent service (see
+//! `vm::systemd`); or, inside a sandbox, by PID 1 as a phase
 //! leader (see `leader`), or by a session shell in report-state mode (see
 //! `session`).
 
@@ -37,6 +38,9 @@ fn main() {
         }
         if mode == leader::LEADER_ARG {
             leader::leader_main()
+        }
+        if mode == vm::SERVICE_ARG {
+            vm::service_main()
         }
     }
     setup::run()

@@ -9,14 +9,19 @@
 //! virtio-serial port (see [`warren_init::mux`]).
 //!
 //! The node passes what init needs on the kernel command line:
-//! `warren.layers=<n>`, `warren.hostname=<name>`, and `warren.probe` (power
+//! `warren.layers=<n>`, `warren.hostname=<name>`, `warren.probe` (power
 //! off as soon as init runs: the node's check that an accelerator can boot
-//! this guest at all).
+//! this guest at all), and `warren.systemd` (a full VM: after stacking the
+//! root, hand PID 1 to the image's systemd and serve the node from a
+//! systemd service instead; see [`systemd`]).
 //!
 //! On any failure init prints why on the console and powers the VM off; the
 //! node sees QEMU exit and reports the console's tail.
 
 mod port;
+mod systemd;
+
+pub use systemd::{service_main, SERVICE_ARG};
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -47,6 +52,7 @@ struct BootArgs {
     layers: usize,
     hostname: String,
     probe: bool,
+    systemd: bool,
 }
 
 /// Set once this process is a microVM's PID 1: only then is
@@ -69,6 +75,11 @@ pub fn run() -> ! {
     IN_VM.store(true, std::sync::atomic::Ordering::Relaxed);
     match boot() {
         Ok(Booted::Probe) => power_off(),
+        Ok(Booted::Systemd) => {
+            let e = systemd::exec_systemd();
+            eprintln!("warren-init: {e}");
+            power_off()
+        }
         Ok(Booted::Serving { phases, events, port }) => port::serve(port, serve::Shared::new(phases, events)),
         Err(e) => {
             eprintln!("warren-init: {e}");
@@ -79,7 +90,13 @@ pub fn run() -> ! {
 
 enum Booted {
     Probe,
-    Serving { phases: Arc<Phases>, events: Arc<EventLog>, port: OwnedFd },
+    /// The root is `/`, ready for the image's systemd.
+    Systemd,
+    Serving {
+        phases: Arc<Phases>,
+        events: Arc<EventLog>,
+        port: OwnedFd,
+    },
 }
 
 fn boot() -> Result<Booted, InitError> {
@@ -91,16 +108,34 @@ fn boot() -> Result<Booted, InitError> {
     load_modules()?;
     let devices = wait_for_devices(args.layers)?;
     stack_root(&devices)?;
+    if args.systemd {
+        systemd::install(Path::new(NEW_ROOT))?;
+        switch_root()?;
+        return Ok(Booted::Systemd);
+    }
     // Taken while the initramfs is still `/`: leaders and session commands
     // exec this very binary through the descriptor.
     let self_exe =
         rustix::fs::open("/init", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).step(|| "open /init".into())?;
     let self_exe = settle_fds(self_exe)?;
     switch_root()?;
+    mount_pts_and_shm()?;
     rustix::system::sethostname(args.hostname.as_bytes()).step(|| "sethostname".into())?;
     sys::bring_loopback_up().step(|| "bring up lo".into())?;
-    let port = rustix::fs::open(&devices.port, OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOCTTY, Mode::empty())
-        .step(|| format!("open {}", devices.port.display()))?;
+    let port = open_port(&devices.port)?;
+    let (phases, events) = start_serving(self_exe)?;
+    Ok(Booted::Serving { phases, events, port })
+}
+
+fn open_port(port: &Path) -> Result<OwnedFd, InitError> {
+    rustix::fs::open(port, OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOCTTY, Mode::empty())
+        .step(|| format!("open {}", port.display()))
+}
+
+/// The seccomp profile on this (single-threaded) process, then the reaper
+/// and the first phase's leader: what serving the node needs, as PID 1 of
+/// a microVM or as a full VM's service.
+fn start_serving(self_exe: OwnedFd) -> Result<(Arc<Phases>, Arc<EventLog>), InitError> {
     let events = seccomp::start()?;
     LANDLOCK_OPTIONAL.store(true, std::sync::atomic::Ordering::Relaxed);
     let registry = Registry::start().step(|| "start the reaper".into())?;
@@ -108,7 +143,7 @@ fn boot() -> Result<Booted, InitError> {
         StartError::Rejected(message) => InitError::PhaseRejected(message),
         StartError::Io(e) => InitError::Sys { step: "start the phase leader".into(), source: e },
     })?;
-    Ok(Booted::Serving { phases: Arc::new(phases), events, port })
+    Ok((Arc::new(phases), events))
 }
 
 fn mount_kernel_fs(root: &str) -> Result<(), InitError> {
@@ -127,7 +162,7 @@ fn mount_kernel_fs(root: &str) -> Result<(), InitError> {
 
 fn boot_args() -> Result<BootArgs, InitError> {
     let cmdline = std::fs::read_to_string("/proc/cmdline").step(|| "read /proc/cmdline".into())?;
-    let mut args = BootArgs { layers: 0, hostname: "sandbox".into(), probe: false };
+    let mut args = BootArgs { layers: 0, hostname: "sandbox".into(), probe: false, systemd: false };
     for word in cmdline.split_ascii_whitespace() {
         if let Some(n) = word.strip_prefix("warren.layers=") {
             args.layers = n.parse().map_err(|_| InitError::Refused(format!("bad {word}")))?;
@@ -135,6 +170,8 @@ fn boot_args() -> Result<BootArgs, InitError> {
             args.hostname = name.to_string();
         } else if word == "warren.probe" {
             args.probe = true;
+        } else if word == "warren.systemd" {
+            args.systemd = true;
         }
     }
     if args.layers == 0 && !args.probe {
@@ -190,6 +227,13 @@ fn find_devices(layers: usize) -> Option<Devices> {
     }
     let layers = (0..layers).map(|i| by_serial.get(&format!("wl{i}")).cloned()).collect::<Option<Vec<_>>>()?;
     let rw = by_serial.get(RW_SERIAL)?.clone();
+    let port = find_port()?;
+    let all_there = layers.iter().chain([&rw]).all(|d| d.exists());
+    all_there.then_some(Devices { layers, rw, port })
+}
+
+/// The node's virtio-serial port, once its device node exists.
+fn find_port() -> Option<PathBuf> {
     let mut port = None;
     for entry in std::fs::read_dir("/sys/class/virtio-ports").ok()?.flatten() {
         let name = std::fs::read_to_string(entry.path().join("name")).unwrap_or_default();
@@ -197,9 +241,7 @@ fn find_devices(layers: usize) -> Option<Devices> {
             port = Some(PathBuf::from(format!("/dev/{}", entry.file_name().to_string_lossy())));
         }
     }
-    let port = port.filter(|p| p.exists())?;
-    let all_there = layers.iter().chain([&rw]).all(|d| d.exists());
-    all_there.then_some(Devices { layers, rw, port })
+    port.filter(|p| p.exists())
 }
 
 /// Layers read-only (EROFS), the writable disk (ext4, made by the node),
@@ -257,7 +299,12 @@ fn switch_root() -> Result<(), InitError> {
     rustix::process::chroot(".").step(|| "chroot into the new root".into())?;
     rustix::process::chdir("/").step(|| "chdir /".into())?;
     rustix::mount::mount_change("/", MountPropagationFlags::PRIVATE | MountPropagationFlags::REC)
-        .step(|| "make mounts private".into())?;
+        .step(|| "make mounts private".into())
+}
+
+/// What a container's root has and the kernel does not mount by itself
+/// (systemd mounts its own).
+fn mount_pts_and_shm() -> Result<(), InitError> {
     for (fstype, target, options) in
         [("devpts", "/dev/pts", c"newinstance,ptmxmode=0666,mode=0620"), ("tmpfs", "/dev/shm", c"mode=1777")]
     {

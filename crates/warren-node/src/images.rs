@@ -7,11 +7,12 @@
 use std::sync::Arc;
 
 use warren_api::{
-    ApiError, ComposeImageRequest, ComposeLayer, ImageDetail, ImageGcReport, ImageInfo, ImageLayerRole, ImageStorage,
-    LayerDetail, PullImageRequest, PushImageRequest, PushImageResult,
+    ApiError, ComposeImageRequest, ComposeLayer, ImageDetail, ImageGcReport, ImageInfo, ImageLayerRole, ImageRunConfig,
+    ImageStorage, LayerDetail, PullImageRequest, PushImageRequest, PushImageResult, RegistryAuth, SandboxImageStats,
 };
-use warren_image::layer::{LayerManifest, LayerRole};
-use warren_image::registry::RegistryOptions;
+use warren_image::docker_config;
+use warren_image::layer::{ImageConfig, LayerManifest, LayerRole};
+use warren_image::registry::{self, RegistryCredentials, RegistryOptions};
 
 use crate::layered::LayeredImages;
 use crate::{Node, NodeError, Result};
@@ -65,6 +66,43 @@ impl Node {
         }
     }
 
+    /// The credentials a pull or push of `reference` uses: the request's,
+    /// else the node's credentials file's entry for the registry host, else
+    /// none (anonymous).
+    fn registry_credentials(&self, reference: &str, auth: Option<RegistryAuth>) -> Result<Option<RegistryCredentials>> {
+        if let Some(RegistryAuth { username, password }) = auth {
+            if username.is_empty() || username.contains(':') {
+                return Err(NodeError::Invalid(ApiError::invalid("auth.username", "must be non-empty without ':'")));
+            }
+            return Ok(Some(RegistryCredentials { username, password }));
+        }
+        let Some(path) = &self.inner.cfg.registry_auth_file else { return Ok(None) };
+        let host = registry::registry_host(reference)
+            .map_err(|e| NodeError::Invalid(ApiError::invalid("reference", e.to_string())))?;
+        let bytes = std::fs::read(path).map_err(|e| {
+            NodeError::Internal(format!("reading the registry credentials file {}: {e}", path.display()))
+        })?;
+        docker_config::credentials_for(&bytes, &host).map_err(|e| {
+            NodeError::Internal(format!("the registry credentials file {} is not valid: {e}", path.display()))
+        })
+    }
+
+    /// What sandbox `id`'s reads of its layered image cost: the fill events
+    /// raised by processes in its cgroups (a path segment is its id).
+    pub fn sandbox_image_stats(&self, id: &str) -> Result<SandboxImageStats> {
+        self.get(id)?;
+        let mut total = SandboxImageStats { sandbox_id: id.to_string(), ..SandboxImageStats::default() };
+        let readers = self.layered().map(|l| l.reader_stats()).unwrap_or_default();
+        for r in readers.iter().filter(|r| r.cgroup.split('/').any(|segment| segment == id)) {
+            total.bytes_accessed += r.bytes_accessed;
+            total.bytes_fetched += r.bytes_fetched;
+            total.chunks_fetched += r.chunks_fetched;
+            total.cache_hits += r.cache_hits;
+            total.fill_events += r.fill_events;
+        }
+        Ok(total)
+    }
+
     /// Every image: directory images, then layered ones.
     pub async fn list_images(&self) -> Result<Vec<ImageInfo>> {
         let mut images = self.images()?;
@@ -83,7 +121,8 @@ impl Node {
             NodeError::Invalid(ApiError::invalid(field, format!("{e} (pass `name`)")))
         })?;
         self.check_not_dir_image(&name)?;
-        let options = RegistryOptions { insecure: req.insecure };
+        let credentials = self.registry_credentials(&req.reference, req.auth)?;
+        let options = RegistryOptions { insecure: req.insecure, credentials };
         layered.pull(&name, &req.reference, options, req.role.map(to_layer_role)).await
     }
 
@@ -96,7 +135,9 @@ impl Node {
             )));
         }
         let layered = self.layered().ok_or_else(|| NodeError::ImageNotFound(name.to_string()))?;
-        let pushed = layered.push(name, &req.reference, RegistryOptions { insecure: req.insecure }).await?;
+        let credentials = self.registry_credentials(&req.reference, req.auth)?;
+        let options = RegistryOptions { insecure: req.insecure, credentials };
+        let pushed = layered.push(name, &req.reference, options).await?;
         Ok(PushImageResult {
             name: name.to_string(),
             reference: pushed.resolved,
@@ -121,7 +162,7 @@ impl Node {
                         chunk_count: None,
                     })
                     .collect();
-                return Ok(ImageDetail { name: name.to_string(), storage: ImageStorage::Dir, layers });
+                return Ok(ImageDetail { name: name.to_string(), storage: ImageStorage::Dir, layers, config: None });
             }
             Err(warren_image::ImageError::NotFound(_)) | Err(warren_image::ImageError::InvalidName(_)) => {}
             Err(e) => return Err(e.into()),
@@ -130,11 +171,13 @@ impl Node {
             Some(layered) => layered.inspect(name).await?,
             None => None,
         };
-        let (_, layers) = found.ok_or_else(|| NodeError::ImageNotFound(name.to_string()))?;
+        let (image, layers) = found.ok_or_else(|| NodeError::ImageNotFound(name.to_string()))?;
+        let config = (!image.config.is_empty()).then(|| run_config(image.config));
         Ok(ImageDetail {
             name: name.to_string(),
             storage: ImageStorage::Erofs,
             layers: layers.iter().map(layer_detail).collect(),
+            config,
         })
     }
 
@@ -174,12 +217,15 @@ impl Node {
             return Err(NodeError::Invalid(ApiError::invalid("layers", "at least one layer is needed")));
         }
         let mut stack: Vec<LayerManifest> = Vec::new();
+        // The highest listed image with a config lends it to the new image
+        // (an OS image's PATH survives a workspace composed on top).
+        let mut config = ImageConfig::default();
         for (i, entry) in req.layers.iter().enumerate() {
             let field = format!("layers[{i}]");
             let invalid = |msg: String| NodeError::Invalid(ApiError::invalid(field.clone(), msg));
             match entry {
                 ComposeLayer::Image { image, role } => {
-                    let (_, layers) = match layered.inspect(image).await? {
+                    let (manifest, layers) = match layered.inspect(image).await? {
                         Some(found) => found,
                         None => return Err(invalid(format!("no layered image named `{image}`"))),
                     };
@@ -189,6 +235,9 @@ impl Node {
                     if stack.len() == before {
                         let which = wanted.map(|r| format!("{r:?}").to_lowercase()).unwrap_or_default();
                         return Err(invalid(format!("image `{image}` has no {which} layer")));
+                    }
+                    if !manifest.config.is_empty() {
+                        config = manifest.config;
                     }
                 }
                 ComposeLayer::Layer { layer } => {
@@ -202,8 +251,12 @@ impl Node {
                 }
             }
         }
-        layered.compose(&req.name, &stack).await
+        layered.compose(&req.name, &stack, config).await
     }
+}
+
+fn run_config(c: ImageConfig) -> ImageRunConfig {
+    ImageRunConfig { env: c.env, entrypoint: c.entrypoint, cmd: c.cmd, working_dir: c.working_dir, user: c.user }
 }
 
 fn layer_detail(l: &LayerManifest) -> LayerDetail {

@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use warren_api::ImageInfo;
-use warren_image::blob::{BlobStore, ChunkSource, LayerMeta};
+use warren_image::blob::{BlobStore, ChunkSource, LayerMeta, S3Config};
 use warren_image::cache::{CacheConfig, HolderCommand, LayerCache, LayerLease};
 use warren_image::erofs::{self, BuildOptions};
-use warren_image::layer::{ImageManifest, LayerManifest, LayerRole};
+use warren_image::layer::{ImageConfig, ImageManifest, LayerManifest, LayerRole};
 use warren_image::oci;
 use warren_image::registry::{self, RegistryError, RegistryOptions};
 
@@ -25,6 +25,16 @@ const TAG: &str = "latest";
 const HOLDER_RECORD: &str = "holder.json";
 /// Default size bound of the node's layer cache.
 pub const DEFAULT_CACHE_BYTES: u64 = 32 << 30;
+
+/// Where layered images' chunks live and how big new chunks are.
+#[derive(Debug, Clone, Default)]
+pub struct BlobStoreConfig {
+    /// An S3-compatible bucket instead of `<data>/blobs`.
+    pub s3: Option<S3Config>,
+    /// Chunk size of layers pushed from now on (default 1 MiB; a power of
+    /// two from 4 KiB to 64 MiB). Stored layers keep theirs.
+    pub chunk_size_bytes: Option<u64>,
+}
 
 pub struct LayeredImages {
     blobs: BlobStore,
@@ -45,11 +55,24 @@ fn image_err(context: &str, e: impl std::fmt::Display) -> NodeError {
 }
 
 impl LayeredImages {
-    /// The blob store under `<data>/blobs` (a local path; a mounted
-    /// distributed filesystem works the same) and the cache under
-    /// `<data>/layer-cache`, which adopts the fill holder a crash left.
-    pub async fn open(data_dir: &Path, holder: HolderCommand, cache_bytes: u64) -> Result<LayeredImages> {
-        let blobs = BlobStore::local(&data_dir.join("blobs")).map_err(|e| image_err("opening the blob store", e))?;
+    /// The blob store in the S3 bucket `store` names, else under
+    /// `<data>/blobs` (a local path; a mounted distributed filesystem works
+    /// the same), and the cache under `<data>/layer-cache`, which adopts the
+    /// fill holder a crash left.
+    pub async fn open(
+        data_dir: &Path,
+        holder: HolderCommand,
+        cache_bytes: u64,
+        store: &BlobStoreConfig,
+    ) -> Result<LayeredImages> {
+        let mut blobs = match &store.s3 {
+            Some(config) => BlobStore::s3(config),
+            None => BlobStore::local(&data_dir.join("blobs")),
+        }
+        .map_err(|e| image_err("opening the blob store", e))?;
+        if let Some(bytes) = store.chunk_size_bytes {
+            blobs = blobs.with_chunk_size(bytes).map_err(|e| image_err("the blob store's chunk size", e))?;
+        }
         let config = CacheConfig {
             holder,
             ..CacheConfig::new(data_dir.join("layer-cache"), cache_bytes).map_err(|e| image_err("layer cache", e))?
@@ -83,17 +106,19 @@ impl LayeredImages {
     /// Builds one EROFS layer from `dir`, pushes it and makes image `name` of it.
     pub async fn import_dir(&self, name: &str, dir: &Path, role: LayerRole) -> Result<ImageInfo> {
         let meta = LayerMeta { name: format!("{name}.layer"), version: now_ms().to_string(), role };
-        self.build_and_publish(name, dir, meta, Vec::new()).await
+        self.build_and_publish(name, dir, meta, Vec::new(), ImageConfig::default()).await
     }
 
     /// Builds an EROFS layer from `dir`, pushes it as `meta`, and makes image
-    /// `name` = the layers `below` (name, version; bottom first) + it.
+    /// `name` = the layers `below` (name, version; bottom first) + it, with
+    /// image config `config`.
     async fn build_and_publish(
         &self,
         name: &str,
         dir: &Path,
         meta: LayerMeta,
         below: Vec<(String, String)>,
+        config: ImageConfig,
     ) -> Result<ImageInfo> {
         warren_image::validate_name(name)
             .map_err(|e| NodeError::Invalid(warren_api::ApiError::invalid("name", e.to_string())))?;
@@ -108,7 +133,10 @@ impl LayeredImages {
             self.blobs.push_layer(&built.path, &meta).await.map_err(|e| image_err("pushing the layer", e))?;
             let mut pairs: Vec<(&str, &str)> = below.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
             pairs.push((meta.name.as_str(), meta.version.as_str()));
-            self.blobs.compose_image(name, TAG, &pairs).await.map_err(|e| image_err("composing the image", e))
+            self.blobs
+                .compose_image_with_config(name, TAG, &pairs, config)
+                .await
+                .map_err(|e| image_err("composing the image", e))
         }
         .await;
         let _ = std::fs::remove_file(&file);
@@ -139,7 +167,7 @@ impl LayeredImages {
         let pushed = async {
             let imported = imported.map_err(|e| NodeError::Invalid(warren_api::ApiError::invalid("dir", e)))?;
             let paths: Vec<&Path> = imported.layers.iter().map(|l| l.path.as_path()).collect();
-            self.publish_layers(name, &paths, |i, version| LayerMeta {
+            self.publish_layers(name, &paths, imported.config.clone(), |i, version| LayerMeta {
                 name: format!("{name}.layer{i}"),
                 version: version.to_owned(),
                 role,
@@ -152,11 +180,13 @@ impl LayeredImages {
     }
 
     /// Pushes the EROFS files `paths` (bottom first) as the layers `meta`
-    /// names, then makes image `name` of them. Called with the write gate held.
+    /// names, then makes image `name` of them, carrying `config`. Called
+    /// with the write gate held.
     async fn publish_layers(
         &self,
         name: &str,
         paths: &[&Path],
+        config: ImageConfig,
         meta: impl Fn(usize, &str) -> LayerMeta,
     ) -> Result<ImageManifest> {
         let version = format!("{}", now_ms());
@@ -169,7 +199,10 @@ impl LayeredImages {
             }
         }
         let pairs: Vec<(&str, &str)> = refs.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
-        self.blobs.compose_image(name, TAG, &pairs).await.map_err(|e| image_err("composing the image", e))
+        self.blobs
+            .compose_image_with_config(name, TAG, &pairs, config)
+            .await
+            .map_err(|e| image_err("composing the image", e))
     }
 
     /// Pulls `reference` from an OCI registry into image `name`. Ordinary
@@ -193,7 +226,7 @@ impl LayeredImages {
                 registry::pull(reference, options, &out, &BuildOptions::default()).await.map_err(registry_node_err)?;
             tracing::info!(name, resolved = %pulled.resolved, layers = pulled.layers.len(), "pulled an image");
             let paths: Vec<&Path> = pulled.layers.iter().map(|l| l.built.path.as_path()).collect();
-            self.publish_layers(name, &paths, |i, version| match &pulled.layers[i].origin {
+            self.publish_layers(name, &paths, pulled.config.clone(), |i, version| match &pulled.layers[i].origin {
                 Some(origin) => LayerMeta {
                     name: origin.name.clone(),
                     version: origin.version.clone(),
@@ -216,7 +249,7 @@ impl LayeredImages {
     /// fetched whole from the store (digest checked), then sent as is.
     pub async fn push(&self, name: &str, reference: &str, options: RegistryOptions) -> Result<registry::PushedImage> {
         let _reading = self.writes.read().await;
-        let (_, layers) = self.inspect(name).await?.ok_or_else(|| NodeError::ImageNotFound(name.to_string()))?;
+        let (image, layers) = self.inspect(name).await?.ok_or_else(|| NodeError::ImageNotFound(name.to_string()))?;
         let dir = self.scratch_dir()?;
         let pushed = async {
             let mut files = Vec::with_capacity(layers.len());
@@ -232,7 +265,7 @@ impl LayeredImages {
                 };
                 files.push(registry::PushLayer { origin, file });
             }
-            registry::push(reference, options, &files).await.map_err(registry_node_err)
+            registry::push(reference, options, &files, &image.config).await.map_err(registry_node_err)
         }
         .await;
         let _ = std::fs::remove_dir_all(&dir);
@@ -266,14 +299,14 @@ impl LayeredImages {
         }
     }
 
-    /// Image `name` = `layers` (each `name@version`, bottom first). No
-    /// layer data is read or copied.
-    pub async fn compose(&self, name: &str, layers: &[LayerManifest]) -> Result<ImageInfo> {
+    /// Image `name` = `layers` (each `name@version`, bottom first), carrying
+    /// `config`. No layer data is read or copied.
+    pub async fn compose(&self, name: &str, layers: &[LayerManifest], config: ImageConfig) -> Result<ImageInfo> {
         warren_image::validate_name(name)
             .map_err(|e| NodeError::Invalid(warren_api::ApiError::invalid("name", e.to_string())))?;
         let _writing = self.writes.read().await;
         let pairs: Vec<(&str, &str)> = layers.iter().map(|l| (l.name.as_str(), l.version.as_str())).collect();
-        let image = self.blobs.compose_image(name, TAG, &pairs).await.map_err(|e| match e {
+        let image = self.blobs.compose_image_with_config(name, TAG, &pairs, config).await.map_err(|e| match e {
             warren_image::blob::BlobError::Manifest(m) => {
                 NodeError::Invalid(warren_api::ApiError::invalid("layers", m.to_string()))
             }
@@ -327,7 +360,7 @@ impl LayeredImages {
             self.blobs.get_image_manifest(base, TAG).await.map_err(|e| image_err("reading the base image", e))?;
         let below = base.layers.iter().map(|l| (l.name.clone(), l.version.clone())).collect();
         let meta = LayerMeta { name: format!("{name}.diff"), version: now_ms().to_string(), role: LayerRole::Diff };
-        self.build_and_publish(name, dir, meta, below).await
+        self.build_and_publish(name, dir, meta, below, base.config).await
     }
 
     /// The layer cache's fill requests and those that found their range
@@ -335,6 +368,11 @@ impl LayeredImages {
     pub fn fill_counters(&self) -> (u64, u64) {
         let layers = self.cache.get().map(LayerCache::stats).unwrap_or_default();
         layers.iter().fold((0, 0), |(fills, hits), l| (fills + l.fill_events, hits + l.cache_hits))
+    }
+
+    /// Fill events by the cgroup of the reader, over every cached layer.
+    pub fn reader_stats(&self) -> Vec<warren_image::cache::ReaderStats> {
+        self.cache.get().map(LayerCache::reader_stats).unwrap_or_default()
     }
 
     /// Per-layer cache statistics and the blob store's counters.
@@ -382,8 +420,9 @@ impl LayeredImages {
         }
     }
 
-    /// Leases every layer of `name` (bottom first), each mounted and ready.
-    pub async fn acquire(&self, name: &str) -> Result<Vec<LayerLease>> {
+    /// Leases every layer of `name` (bottom first), each mounted and ready,
+    /// and returns them with the image's config.
+    pub async fn acquire(&self, name: &str) -> Result<(Vec<LayerLease>, ImageConfig)> {
         // Until the leases exist, garbage collection must not take the
         // chunks of the layers being prepared.
         let _reading = self.writes.read().await;
@@ -394,19 +433,27 @@ impl LayeredImages {
         for layer in &layers {
             leases.push(self.cache().await?.acquire(layer).await.map_err(|e| image_err("preparing a layer", e))?);
         }
-        Ok(leases)
+        Ok((leases, image.config))
     }
 }
 
 /// A registry failure as the API reports it: bad input and bad content are
-/// the caller's (400, field `reference`), a missing image is 404, an
-/// unreachable or failing registry 502.
+/// the caller's (400, field `reference`), a missing image is 404, missing or
+/// refused credentials 403 (field `auth`), an unreachable or failing
+/// registry 502. Messages never hold a password (see `registry`).
 fn registry_node_err(e: RegistryError) -> NodeError {
     use warren_api::{ApiError, ErrorCode};
     let message = e.to_string();
+    let auth = |code| {
+        NodeError::Invalid(ApiError { code, message: message.clone(), field: Some("auth".into()), divergence: None })
+    };
     let code = match e {
         RegistryError::NotFound { .. } => ErrorCode::NotFound,
-        RegistryError::Registry { .. } | RegistryError::Denied { .. } => ErrorCode::RegistryUnavailable,
+        RegistryError::AuthRequired { .. } | RegistryError::Denied { .. } => {
+            return auth(ErrorCode::RegistryAuthRequired)
+        }
+        RegistryError::AuthFailed { .. } => return auth(ErrorCode::RegistryAuthFailed),
+        RegistryError::Registry { .. } => ErrorCode::RegistryUnavailable,
         RegistryError::Io { .. } | RegistryError::Scratch(_) => return NodeError::Internal(message),
         _ => ErrorCode::InvalidRequest,
     };

@@ -23,6 +23,7 @@ mod exec;
 mod files;
 mod function;
 mod history;
+mod image_config;
 mod images;
 mod layered;
 mod limits;
@@ -31,6 +32,7 @@ mod network;
 mod pause;
 mod phase;
 mod pool;
+mod projects;
 mod records;
 mod steer;
 pub mod trajectory;
@@ -56,10 +58,12 @@ pub use capture::{Capture, Chunk};
 pub use exec::{ExecEntry, StdinError};
 pub use files::FileError;
 pub use function::FunctionPoolSpec;
-pub use layered::DEFAULT_CACHE_BYTES;
+pub use layered::{BlobStoreConfig, DEFAULT_CACHE_BYTES};
 pub use network::{builtin_presets, NetworkOptions};
 pub use pool::PoolSpec;
+pub use projects::LiveProject;
 use records::{SandboxRecord, SessionRecord};
+pub use warren_image::blob::S3Config;
 pub use warren_image::cache::HolderCommand;
 use warren_image::cache::LayerLease;
 pub use warren_image::ImageError;
@@ -95,6 +99,12 @@ pub struct NodeConfig {
     /// Enables layered (EROFS, lazily fetched) images: how to start the
     /// layer cache's fill holder, and the cache's size bound.
     pub layer_cache: Option<(HolderCommand, u64)>,
+    /// Docker-style `config.json` with registry credentials, used by pulls
+    /// and pushes whose request brings none.
+    pub registry_auth_file: Option<PathBuf>,
+    /// Layered images' blob store: an S3-compatible bucket instead of
+    /// `<data>/blobs`, and the chunk size of new layers.
+    pub blob_store: BlobStoreConfig,
     /// Ended sandboxes' records (with their exec results and idempotency
     /// keys) are deleted this long after they ended.
     pub ended_retention: Duration,
@@ -103,7 +113,14 @@ pub struct NodeConfig {
     /// A sandbox's trajectory log is deleted this long after the sandbox
     /// ended (it outlives the sandbox's own record).
     pub trajectory_retention: Duration,
+    /// Sandbox ids are `<prefix>-<16 hex digits>`: [`SANDBOX_ID_PREFIX`]
+    /// alone, or `sb-<node name>` on a cluster's node, so that any API
+    /// server can tell a sandbox's node from its id.
+    pub sandbox_id_prefix: String,
 }
+
+/// The default [`NodeConfig::sandbox_id_prefix`].
+pub const SANDBOX_ID_PREFIX: &str = "sb";
 
 /// Default of [`NodeConfig::ended_retention`]: one hour.
 pub const DEFAULT_ENDED_RETENTION_SECS: u64 = 3600;
@@ -280,7 +297,8 @@ impl Node {
         let pools = pool::Pools::new(cfg.pools.clone());
         let layered = match &cfg.layer_cache {
             Some((holder, bytes)) => {
-                Some(Arc::new(layered::LayeredImages::open(&cfg.data_dir, holder.clone(), *bytes).await?))
+                let store = &cfg.blob_store;
+                Some(Arc::new(layered::LayeredImages::open(&cfg.data_dir, holder.clone(), *bytes, store).await?))
             }
             None => None,
         };
@@ -374,7 +392,7 @@ impl Node {
         })?;
         let resources = Resources::of(&req);
         let pool_key = pool::PoolKey::new(&req.image, &resources, req.network);
-        let id = new_id("sb");
+        let id = new_id(&self.inner.cfg.sandbox_id_prefix);
         let policy = Node::initial_policy(&req);
         if req.network == warren_api::NetworkMode::Allowlist {
             self.check_policy(&policy)?;
@@ -427,8 +445,11 @@ impl Node {
                 from_pool: false,
                 idempotency_key: req.idempotency_key.clone(),
                 accelerator: None,
+                placement: None,
+                project: req.project.clone().unwrap_or_else(|| warren_api::ROOT_PROJECT.to_string()),
             },
-            env: req.env.clone(),
+            env: image_config::sandbox_env(&image.config, &req.env),
+            workdir: image.config.working_dir.clone(),
             handle: None,
         };
         // Only a concurrent call with the same idempotency key can learn the
@@ -584,6 +605,26 @@ impl Node {
         Ok(out)
     }
 
+    /// The backends this node can run.
+    pub fn backends(&self) -> Vec<Backend> {
+        let mut out = vec![Backend::Container, Backend::Function];
+        out.extend(self.inner.vm_drivers.keys().copied());
+        out.sort_by_key(|b| b.as_str());
+        out
+    }
+
+    /// Ends a sandbox the cluster gave up on while this node was out of
+    /// touch (see `warren-cluster`): it ends `node_lost`, as its clients
+    /// were told. An ended one answers with its record.
+    pub async fn end_node_lost(&self, id: &str) -> Result<SandboxInfo> {
+        let message = Some("the cluster declared this sandbox's node lost".to_string());
+        match self.end(id, EndReason::NodeLost, message).await {
+            Ok(info) => Ok(info),
+            Err(NodeError::Ended { .. }) => self.get(id),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Deletes a sandbox; deleting an ended one answers with its record.
     pub async fn delete(&self, id: &str) -> Result<SandboxInfo> {
         match self.end(id, EndReason::Deleted, None).await {
@@ -678,13 +719,16 @@ impl Node {
             }
             None => None,
         };
-        let mut env = base_env(&live.record().env);
+        let (mut env, workdir) = {
+            let record = live.record();
+            (base_env(&record.env), record.workdir.clone())
+        };
         let cwd = match &session {
             Some(s) => {
                 env = s.env.clone();
                 req.cwd.clone().unwrap_or_else(|| s.cwd.clone())
             }
-            None => req.cwd.clone().unwrap_or_else(|| "/".to_string()),
+            None => req.cwd.clone().or(workdir).unwrap_or_else(|| "/".to_string()),
         };
         env.extend(req.env.clone());
         let argv = match (&req.argv, &req.command) {
@@ -853,7 +897,7 @@ impl Node {
         env.extend(req.env);
         let rec = SessionRecord {
             id: new_id("ss"),
-            cwd: req.cwd.unwrap_or_else(|| "/root".to_string()),
+            cwd: req.cwd.or_else(|| live.record().workdir.clone()).unwrap_or_else(|| "/root".to_string()),
             env,
             created_at_ms: now_ms(),
             commands_run: 0,
@@ -967,6 +1011,7 @@ impl Node {
                 return Ok(ResolvedImage {
                     paths: image.layers().iter().map(|l| l.path().to_path_buf()).collect(),
                     leases: Vec::new(),
+                    config: Default::default(),
                 })
             }
             Err(warren_image::ImageError::NotFound(_)) | Err(warren_image::ImageError::InvalidName(_)) => {}
@@ -974,8 +1019,9 @@ impl Node {
         }
         match self.layered() {
             Some(layered) if layered.has(name).await => {
-                let leases = layered.acquire(name).await?;
-                Ok(ResolvedImage { paths: leases.iter().map(|l| l.mount_path().to_path_buf()).collect(), leases })
+                let (leases, config) = layered.acquire(name).await?;
+                let paths = leases.iter().map(|l| l.mount_path().to_path_buf()).collect();
+                Ok(ResolvedImage { paths, leases, config })
             }
             _ => Err(NodeError::ImageNotFound(name.to_string())),
         }
@@ -1277,4 +1323,6 @@ fn joined<T>(outcome: std::result::Result<Result<T>, tokio::task::JoinError>) ->
 struct ResolvedImage {
     paths: Vec<PathBuf>,
     leases: Vec<LayerLease>,
+    /// A layered image's OCI config (empty for directory images).
+    config: warren_image::layer::ImageConfig,
 }

@@ -78,6 +78,8 @@ pub struct Levels {
     pub queue_depth: u64,
     /// Idle warm-pool members by image.
     pub pool_idle: BTreeMap<String, u64>,
+    /// Live sandboxes (paused ones included) by project.
+    pub project_sandboxes: BTreeMap<String, u64>,
 }
 
 #[derive(Debug)]
@@ -103,6 +105,7 @@ pub struct NodeMetrics {
     layer_fill_events: Counter,
     queue_depth: Gauge,
     pool_idle: Family<Labels<1>, Gauge>,
+    project_sandboxes: Family<Labels<1>, Gauge>,
     capacity_sandboxes: Gauge,
     used_sandboxes: Gauge,
     capacity_cpus: FloatGauge,
@@ -132,6 +135,7 @@ impl NodeMetrics {
             layer_fill_events: Counter::default(),
             queue_depth: Gauge::default(),
             pool_idle: Family::default(),
+            project_sandboxes: Family::default(),
             capacity_sandboxes: Gauge::default(),
             used_sandboxes: Gauge::default(),
             capacity_cpus: FloatGauge::default(),
@@ -186,6 +190,11 @@ impl NodeMetrics {
             "pool_idle_sandboxes",
             "Idle warm-pool members by image: what the next warm creates can claim",
             m.pool_idle.clone(),
+        );
+        registry.register(
+            "project_sandboxes",
+            "Live sandboxes (paused ones included) by project; a project's own only, not its children's",
+            m.project_sandboxes.clone(),
         );
         registry.register(
             "node_capacity_sandboxes",
@@ -312,6 +321,11 @@ impl NodeMetrics {
         for (image, idle) in &levels.pool_idle {
             self.pool_idle.get_or_create(&[("image", image.clone())]).set(*idle as i64);
         }
+        // Cleared first: a project whose last sandbox ended drops out.
+        self.project_sandboxes.clear();
+        for (project, live) in &levels.project_sandboxes {
+            self.project_sandboxes.get_or_create(&[("project", project.clone())]).set(*live as i64);
+        }
         // Kept by the image crate; a layer evicted from the cache takes its
         // counts along, which a scraper sees as a counter reset.
         let img = &levels.images;
@@ -422,6 +436,7 @@ impl NodeMetrics {
             EndReason::NodeRestarted,
             EndReason::CreateFailed,
             EndReason::Shutdown,
+            EndReason::NodeLost,
         ];
         let mut out = BTreeMap::new();
         for reason in reasons {
@@ -465,6 +480,7 @@ impl crate::Node {
             *levels.sandboxes.entry((info.backend, info.state)).or_default() += 1;
             levels.cpus_used += info.resources.cpus;
             levels.memory_used_bytes += info.resources.memory_mib * 1024 * 1024;
+            *levels.project_sandboxes.entry(info.project.clone()).or_default() += 1;
         }
         let store = self.image_stats().store;
         let (fill_events, cache_hits) = self.layered().map(|l| l.fill_counters()).unwrap_or_default();
@@ -553,6 +569,7 @@ mod tests {
         levels.sandboxes.insert((Backend::Container, SandboxState::Running), 2);
         levels.images.fetched_bytes = 4096;
         levels.pool_idle.insert("busybox".into(), 2);
+        levels.project_sandboxes.insert("prj-a".into(), 2);
 
         let text = m.encode(&levels, Format::Prometheus);
         let get = |s: &str| sample(&text, s).unwrap_or_else(|| panic!("no sample `{s}` in:\n{text}"));
@@ -566,6 +583,7 @@ mod tests {
         assert_eq!(get(r#"warren_security_events_total{kind="network_blocked"}"#), 1.0);
         assert_eq!(get("warren_image_fetched_bytes_total"), 4096.0);
         assert_eq!(get(r#"warren_pool_idle_sandboxes{image="busybox"}"#), 2.0);
+        assert_eq!(get(r#"warren_project_sandboxes{project="prj-a"}"#), 2.0);
         assert_eq!(get("warren_node_used_sandboxes"), 3.0);
         assert_eq!(get("warren_node_used_cpus"), 1.5);
         assert!(get("warren_node_capacity_memory_bytes") > 0.0);

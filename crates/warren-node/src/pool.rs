@@ -175,7 +175,7 @@ impl Node {
 
     async fn make_member(&self, spec: &PoolSpec) -> crate::Result<Member> {
         let image = self.resolve_image(&spec.image).await?;
-        let id = new_id("sb");
+        let id = new_id(&self.inner.cfg.sandbox_id_prefix);
         let sandbox = SandboxSpec {
             id: id.clone(),
             layers: image.paths,

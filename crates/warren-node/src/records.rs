@@ -13,7 +13,13 @@ use crate::exec::push_frames;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxRecord {
     pub info: SandboxInfo,
+    /// The sandbox's environment: its image's `Env` overridden by the
+    /// create request's.
     pub env: BTreeMap<String, String>,
+    /// Default working directory of execs and sessions (the image's
+    /// `WorkingDir`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
     /// Present while the sandbox runs: what the driver needs to re-adopt it.
     pub handle: Option<SandboxHandle>,
 }

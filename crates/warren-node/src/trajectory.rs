@@ -787,6 +787,7 @@ fn origin_of(rec: &SandboxRecord) -> TrajectoryOrigin {
         phases: info.phases.clone(),
         phase: initial_phase,
         created_at_ms: info.created_at_ms,
+        project: (info.project != warren_api::ROOT_PROJECT).then(|| info.project.clone()),
     }
 }
 

@@ -2,8 +2,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, KvClient, SortOrder, SortTarget,
-    Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, KvClient, LeaseClient, PutOptions,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 use tokio::runtime::Runtime;
 use warren_store::{StateStore, Table};
@@ -271,6 +271,47 @@ impl EtcdStore {
         rx.recv().map_err(|_| EtcdError::Runtime("the etcd store's runtime shut down".into()))?
     }
 
+    /// A new lease that expires `ttl_secs` after its last keep-alive; keys
+    /// written with it ([`EtcdStore::put_with_lease`]) vanish when it does.
+    /// Returns the lease id.
+    pub fn grant_lease(&self, ttl_secs: i64) -> Result<i64, EtcdError> {
+        let resp = self.run_on(self.client.lease_client(), Retry::Unsent, move |mut lease| async move {
+            lease.grant(ttl_secs, None).await
+        })?;
+        Ok(resp.id())
+    }
+
+    /// Renews `lease` once. `false`: the lease has expired (or was revoked),
+    /// and its keys are gone.
+    pub fn keep_alive(&self, lease: i64) -> Result<bool, EtcdError> {
+        self.run_on(self.client.lease_client(), Retry::Unavailable, move |mut client: LeaseClient| async move {
+            let (mut keeper, mut answers) = match client.keep_alive(lease).await {
+                // What the client says when the first answer has TTL 0.
+                Err(etcd_client::Error::LeaseKeepAliveError(e)) if e == "lease not found" => return Ok(false),
+                other => other?,
+            };
+            keeper.keep_alive().await?;
+            Ok(answers.message().await?.is_some_and(|answer| answer.ttl() > 0))
+        })
+    }
+
+    /// Ends `lease` now: its keys vanish at once (a node that stops in
+    /// order does not wait for its TTL to run out).
+    pub fn revoke_lease(&self, lease: i64) -> Result<(), EtcdError> {
+        self.run_on(self.client.lease_client(), Retry::Unavailable, move |mut client| async move {
+            client.revoke(lease).await.map(|_| ())
+        })
+    }
+
+    /// Writes `value` attached to `lease`.
+    pub fn put_with_lease(&self, t: Table, key: &str, value: &[u8], lease: i64) -> Result<(), EtcdError> {
+        let (full, value) = (self.keys.key(t, key), value.to_vec());
+        self.run(Retry::Unavailable, move |mut kv| {
+            let (full, value) = (full.clone(), value.clone());
+            async move { kv.put(full, value, Some(PutOptions::new().with_lease(lease))).await.map(|_| ()) }
+        })
+    }
+
     fn kv(&self) -> KvClient {
         self.client.kv_client().max_decoding_message_size(MAX_RESPONSE_BYTES)
     }
@@ -307,8 +348,19 @@ impl EtcdStore {
         F: Fn(KvClient) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, etcd_client::Error>> + Send,
     {
+        self.run_on(self.kv(), retry, request)
+    }
+
+    /// [`EtcdStore::run`] on any of the client's service clients.
+    fn run_on<C, T, F, Fut>(&self, kv: C, retry: Retry, request: F) -> Result<T, EtcdError>
+    where
+        C: Clone + Send + 'static,
+        T: Send + 'static,
+        F: Fn(C) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, etcd_client::Error>> + Send,
+    {
         let runtime = self.runtime()?;
-        let (kv, budget) = (self.kv(), self.retry_budget);
+        let budget = self.retry_budget;
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         runtime.spawn(async move {
             let started = Instant::now();

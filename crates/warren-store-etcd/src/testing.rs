@@ -40,11 +40,17 @@ impl EtcdCluster {
     /// install hint, when etcd is not installed: a test that needs etcd must
     /// never pass without it.
     pub fn start(size: usize) -> Self {
+        Self::start_on(size, std::net::IpAddr::from([127, 0, 0, 1]))
+    }
+
+    /// Like [`EtcdCluster::start`], listening on `ip` (an address of this
+    /// host other than loopback, for clients in other network namespaces).
+    pub fn start_on(size: usize, ip: std::net::IpAddr) -> Self {
         assert!(size > 0, "an etcd cluster needs at least one member");
         let bin = etcd_binary();
         let mut last_failure = String::new();
         for _ in 0..START_ATTEMPTS {
-            match Self::try_start(&bin, size) {
+            match Self::try_start(&bin, size, ip) {
                 Ok(cluster) => return cluster,
                 Err(failure) => last_failure = failure,
             }
@@ -52,16 +58,17 @@ impl EtcdCluster {
         panic!("etcd cluster of {size} did not start: {last_failure}");
     }
 
-    fn try_start(bin: &Path, size: usize) -> Result<Self, String> {
+    fn try_start(bin: &Path, size: usize, ip: std::net::IpAddr) -> Result<Self, String> {
         let dir = tempfile::Builder::new().prefix("warren-etcd-").tempdir().map_err(|e| e.to_string())?;
-        let ports = free_ports(2 * size).map_err(|e| format!("no free loopback ports: {e}"))?;
+        let ports = free_ports(ip, 2 * size).map_err(|e| format!("no free ports on {ip}: {e}"))?;
         let names: Vec<String> = (0..size).map(|i| format!("m{i}")).collect();
-        let peer_urls: Vec<String> = (0..size).map(|i| format!("http://127.0.0.1:{}", ports[2 * i + 1])).collect();
+        let url = |port: u16| format!("http://{}", std::net::SocketAddr::new(ip, port));
+        let peer_urls: Vec<String> = (0..size).map(|i| url(ports[2 * i + 1])).collect();
         let initial_cluster: Vec<String> = names.iter().zip(&peer_urls).map(|(n, u)| format!("{n}={u}")).collect();
         let token = dir.path().file_name().map_or_else(|| "warren".into(), |n| n.to_string_lossy().into_owned());
         let mut cluster = EtcdCluster { members: Vec::new(), dir };
         for i in 0..size {
-            let client_url = format!("http://127.0.0.1:{}", ports[2 * i]);
+            let client_url = url(ports[2 * i]);
             let data_dir = cluster.dir.path().join(&names[i]);
             let log = cluster.dir.path().join(format!("{}.log", names[i]));
             let log_file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
@@ -160,8 +167,8 @@ pub fn etcd_binary() -> PathBuf {
 
 /// Ports the kernel reports free: all are held until every one is picked so
 /// the same port is not handed out twice.
-fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
-    let listeners: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+fn free_ports(ip: std::net::IpAddr, n: usize) -> std::io::Result<Vec<u16>> {
+    let listeners: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind((ip, 0))).collect::<Result<_, _>>()?;
     listeners.iter().map(|l| l.local_addr().map(|a| a.port())).collect()
 }
 

@@ -436,3 +436,30 @@ fn three_member_cluster_keeps_working_after_a_member_is_killed() {
         .collect();
     assert_eq!(got, expected);
 }
+
+#[test]
+fn a_leased_key_lives_while_kept_alive_and_vanishes_with_its_lease() {
+    let cluster = EtcdCluster::start(1);
+    let store = store_on(cluster.endpoints(), "/lease");
+    let short = store.grant_lease(2).expect("grant");
+    store.put_with_lease(Table::Nodes, "n1", b"alive", short).expect("put");
+    // Kept alive past twice its TTL, the key stays.
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(store.keep_alive(short).expect("keep alive"), "the lease is live");
+    }
+    assert_eq!(store.get(Table::Nodes, "n1").unwrap().as_deref(), Some(&b"alive"[..]));
+    // Left alone, it expires and takes the key with it (etcd checks
+    // expiry every 500 ms, so give it a few TTLs).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while store.get(Table::Nodes, "n1").unwrap().is_some() {
+        assert!(std::time::Instant::now() < deadline, "the key outlived its lease");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(!store.keep_alive(short).expect("keep alive"), "an expired lease cannot be renewed");
+    // Revoking ends a lease at once.
+    let long = store.grant_lease(600).expect("grant");
+    store.put_with_lease(Table::Nodes, "n2", b"alive", long).expect("put");
+    store.revoke_lease(long).expect("revoke");
+    assert_eq!(store.get(Table::Nodes, "n2").unwrap(), None);
+}

@@ -16,10 +16,19 @@ pub enum Table {
     Trajectories,
     /// The trajectory steps, keyed `<sandbox>/<step, zero-padded>`.
     TrajectorySteps,
+    /// Cluster mode: node agents' registrations, each under its lease.
+    Nodes,
+    /// Cluster mode: where each sandbox was placed (node, why, its owner),
+    /// and the end of a sandbox whose node was lost.
+    Placements,
+    /// IAM: projects by id (each with its parent, path and quota).
+    Projects,
+    /// IAM: API keys by id (project and secret hash, never the secret).
+    ApiKeys,
 }
 
 impl Table {
-    pub const ALL: [Table; 7] = [
+    pub const ALL: [Table; 11] = [
         Table::Sandboxes,
         Table::Idempotency,
         Table::Execs,
@@ -27,6 +36,10 @@ impl Table {
         Table::Meta,
         Table::Trajectories,
         Table::TrajectorySteps,
+        Table::Nodes,
+        Table::Placements,
+        Table::Projects,
+        Table::ApiKeys,
     ];
 
     /// The table's stable on-disk name; renaming one loses its data.
@@ -39,6 +52,10 @@ impl Table {
             Table::Meta => "meta",
             Table::Trajectories => "trajectories",
             Table::TrajectorySteps => "trajectory_steps",
+            Table::Nodes => "nodes",
+            Table::Placements => "placements",
+            Table::Projects => "projects",
+            Table::ApiKeys => "api_keys",
         }
     }
 }

@@ -11,15 +11,28 @@ use warren_api::*;
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    /// Sent as `Authorization: Bearer` on every request.
+    api_key: Option<String>,
 }
 
 impl Client {
+    /// A client that sends the key in `WARREN_API_KEY`, if set.
     pub fn new(base: &str) -> Self {
-        Client { base: base.trim_end_matches('/').to_string(), http: reqwest::Client::new() }
+        let api_key = std::env::var(API_KEY_ENV).ok().filter(|k| !k.is_empty());
+        Client { base: base.trim_end_matches('/').to_string(), http: reqwest::Client::new(), api_key }
+    }
+
+    /// A client that sends no key (for a server this process started).
+    pub fn anonymous(base: &str) -> Self {
+        Client { api_key: None, ..Client::new(base) }
     }
 
     fn req(&self, method: Method, path: &str) -> RequestBuilder {
-        self.http.request(method, format!("{}{}", self.base, path))
+        let rb = self.http.request(method, format!("{}{}", self.base, path));
+        match &self.api_key {
+            Some(key) => rb.bearer_auth(key),
+            None => rb,
+        }
     }
 
     async fn check(resp: Response) -> Result<Response> {
@@ -136,8 +149,16 @@ impl Client {
         self.json(self.req(Method::GET, &format!("/v1/sandboxes/{id}/files/list")).query(&[("path", path)])).await
     }
 
+    pub async fn cluster_status(&self) -> Result<ClusterStatus> {
+        self.json(self.req(Method::GET, "/v1/cluster")).await
+    }
+
     pub async fn image_stats(&self) -> Result<ImageStats> {
         self.json(self.req(Method::GET, "/v1/images/stats")).await
+    }
+
+    pub async fn sandbox_image_stats(&self, id: &str) -> Result<SandboxImageStats> {
+        self.json(self.req(Method::GET, &format!("/v1/sandboxes/{id}/image-stats"))).await
     }
 
     pub async fn images(&self) -> Result<ImageList> {
@@ -193,6 +214,26 @@ impl Client {
 
     pub async fn trajectory(&self, id: &str) -> Result<Trajectory> {
         self.json(self.req(Method::GET, &format!("/v1/sandboxes/{id}/trajectory"))).await
+    }
+
+    pub async fn create_project(&self, req: &CreateProjectRequest) -> Result<ProjectInfo> {
+        self.json(self.req(Method::POST, "/v1/projects").json(req)).await
+    }
+
+    pub async fn projects(&self) -> Result<ProjectList> {
+        self.json(self.req(Method::GET, "/v1/projects")).await
+    }
+
+    pub async fn project(&self, id: &str) -> Result<ProjectInfo> {
+        self.json(self.req(Method::GET, &format!("/v1/projects/{id}"))).await
+    }
+
+    pub async fn create_key(&self, project: &str, req: &CreateKeyRequest) -> Result<ApiKeyCreated> {
+        self.json(self.req(Method::POST, &format!("/v1/projects/{project}/keys")).json(req)).await
+    }
+
+    pub async fn delete_key(&self, id: &str) -> Result<ApiKeyInfo> {
+        self.json(self.req(Method::DELETE, &format!("/v1/keys/{id}"))).await
     }
 
     /// Waits for the whole replay: one exec after the other, on the server.

@@ -18,8 +18,12 @@ use crate::print;
 pub enum ImageCmd {
     /// List images: name, format, layers, size.
     Ls,
-    /// Lazy-loading statistics: per cached layer, and the blob store's counters.
-    Stats,
+    /// Lazy-loading statistics: per cached layer, and the blob store's
+    /// counters; or, with `--sandbox`, what one sandbox's reads cost.
+    Stats {
+        #[arg(long)]
+        sandbox: Option<String>,
+    },
     /// Import a root filesystem directory (or an OCI layout / docker save
     /// tarball) on the server's machine.
     ImportDir {
@@ -48,6 +52,8 @@ pub enum ImageCmd {
         /// Role of the pulled layers (default base; a Warren-pushed image keeps its own).
         #[arg(long, value_enum)]
         role: Option<RoleArg>,
+        #[command(flatten)]
+        login: LoginArgs,
     },
     /// Push a layered image to an OCI registry (its EROFS layers, as a Warren artifact).
     Push {
@@ -55,6 +61,8 @@ pub enum ImageCmd {
         reference: String,
         #[arg(long)]
         insecure: bool,
+        #[command(flatten)]
+        login: LoginArgs,
     },
     /// Make image NAME from existing layers, bottom first. Each entry is
     /// `IMAGE` (all its layers), `IMAGE/ROLE` (its layers of that role) or
@@ -186,6 +194,19 @@ fn detail_text(d: &ImageDetail) -> String {
             _ => lines.push(format!("  {}", l.id)),
         }
     }
+    if let Some(c) = &d.config {
+        let words = |w: &[String]| serde_json::to_string(w).unwrap_or_default();
+        lines.push("config:".to_owned());
+        lines.extend(c.env.iter().map(|e| format!("  env         {e}")));
+        if !c.entrypoint.is_empty() {
+            lines.push(format!("  entrypoint  {}", words(&c.entrypoint)));
+        }
+        if !c.cmd.is_empty() {
+            lines.push(format!("  cmd         {}", words(&c.cmd)));
+        }
+        lines.extend(c.working_dir.iter().map(|w| format!("  workdir     {w}")));
+        lines.extend(c.user.iter().map(|u| format!("  user        {u} (not applied)")));
+    }
     lines.join("\n")
 }
 
@@ -194,7 +215,13 @@ pub async fn run(client: &Client, json: bool, cmd: &ImageCmd) -> Result<()> {
         ImageCmd::Ls => print(json, &client.images().await?, |l| {
             l.images.iter().map(|i| format!("{}  {} layer(s)", i.name, i.layers.len())).collect::<Vec<_>>().join("\n")
         }),
-        ImageCmd::Stats => print(json, &client.image_stats().await?, stats_text),
+        ImageCmd::Stats { sandbox: None } => print(json, &client.image_stats().await?, stats_text),
+        ImageCmd::Stats { sandbox: Some(id) } => print(json, &client.sandbox_image_stats(id).await?, |s| {
+            format!(
+                "{}: {} bytes accessed, {} bytes fetched in {} chunks, {} cache hits ({} fill events)",
+                s.sandbox_id, s.bytes_accessed, s.bytes_fetched, s.chunks_fetched, s.cache_hits, s.fill_events
+            )
+        }),
         ImageCmd::ImportDir { name, dir, format, role } => {
             let dir = std::fs::canonicalize(dir).with_context(|| format!("no such path {}", dir.display()))?;
             let bar = spinner(json, format!("importing {}", dir.display()));
@@ -208,20 +235,22 @@ pub async fn run(client: &Client, json: bool, cmd: &ImageCmd) -> Result<()> {
             bar.finish_and_clear();
             print(json, &info?, |i| format!("imported {}", i.name))
         }
-        ImageCmd::Pull { reference, name, insecure, role } => {
+        ImageCmd::Pull { reference, name, insecure, role, login } => {
             let req = PullImageRequest {
                 reference: reference.clone(),
                 name: name.clone(),
                 insecure: *insecure,
                 role: role.map(Into::into),
+                auth: login.auth(reference)?,
             };
             let bar = spinner(json, format!("pulling {reference}"));
             let info = client.pull_image(&req).await;
             bar.finish_and_clear();
             print(json, &info?, |i| format!("pulled {} as {} ({} layers)", reference, i.name, i.layers.len()))
         }
-        ImageCmd::Push { name, reference, insecure } => {
-            let req = PushImageRequest { reference: reference.clone(), insecure: *insecure };
+        ImageCmd::Push { name, reference, insecure, login } => {
+            let req =
+                PushImageRequest { reference: reference.clone(), insecure: *insecure, auth: login.auth(reference)? };
             let bar = spinner(json, format!("pushing {name} to {reference}"));
             let pushed = client.push_image(name, &req).await;
             bar.finish_and_clear();
@@ -247,6 +276,51 @@ pub async fn run(client: &Client, json: bool, cmd: &ImageCmd) -> Result<()> {
         }),
     }
     Ok(())
+}
+
+/// Registry credentials of a pull or push, sent to the server with the
+/// request: `--username` with the password on stdin, else the entry for
+/// the registry host in `--docker-config` (default
+/// `$DOCKER_CONFIG/config.json` or `~/.docker/config.json`), else none.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LoginArgs {
+    /// Registry username; the password is read from stdin (one line).
+    #[arg(long, requires = "password_stdin")]
+    username: Option<String>,
+    /// Read the registry password from stdin.
+    #[arg(long, requires = "username")]
+    password_stdin: bool,
+    /// A Docker-style config.json to take the registry's credentials from.
+    #[arg(long, conflicts_with = "username")]
+    docker_config: Option<PathBuf>,
+}
+
+impl LoginArgs {
+    fn auth(&self, reference: &str) -> Result<Option<RegistryAuth>> {
+        if let Some(username) = &self.username {
+            let mut password = String::new();
+            std::io::stdin().read_line(&mut password).context("reading the password from stdin")?;
+            let password = password.trim_end_matches(['\n', '\r']).to_owned();
+            return Ok(Some(RegistryAuth { username: username.clone(), password }));
+        }
+        let default_config = || {
+            let dir = std::env::var_os("DOCKER_CONFIG")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".docker")))?;
+            Some(dir.join("config.json"))
+        };
+        let Some(path) = self.docker_config.clone().or_else(default_config) else { return Ok(None) };
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            // Only a file named on the command line must exist.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.docker_config.is_none() => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        let host = warren_image::registry::registry_host(reference)?;
+        let found = warren_image::docker_config::credentials_for(&bytes, &host)
+            .with_context(|| format!("reading {}", path.display()))?;
+        Ok(found.map(|c| RegistryAuth { username: c.username, password: c.password }))
+    }
 }
 
 fn stats_text(st: &ImageStats) -> String {

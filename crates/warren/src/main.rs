@@ -2,6 +2,8 @@
 //! the logic lives in them.
 
 mod client;
+mod cluster_cmd;
+mod iam_cmd;
 mod image_cmd;
 mod serve;
 mod trajectory_cmd;
@@ -45,7 +47,8 @@ enum Cmd {
         /// Data dir of the embedded server started when none is running.
         #[arg(long, default_value = "/var/lib/warren")]
         data_dir: PathBuf,
-        #[arg(required = true, last = true)]
+        /// The command; without one, the image's OCI Entrypoint + Cmd.
+        #[arg(last = true)]
         command: Vec<String>,
     },
     /// Create, inspect, drive and delete sandboxes.
@@ -60,6 +63,15 @@ enum Cmd {
     /// Show a sandbox's trajectory log, or replay it in a fresh sandbox.
     #[command(subcommand)]
     Trajectory(trajectory_cmd::TrajectoryCmd),
+    /// A cluster's nodes and running sandboxes (ask an API server).
+    #[command(subcommand)]
+    Cluster(cluster_cmd::ClusterCmd),
+    /// Projects: nested, each with its quotas (needs IAM; see docs/iam.md).
+    #[command(subcommand)]
+    Project(iam_cmd::ProjectCmd),
+    /// API keys: `create` prints the secret once; `rm` revokes.
+    #[command(subcommand)]
+    Key(iam_cmd::KeyCmd),
 }
 
 #[derive(Args, Clone)]
@@ -360,11 +372,16 @@ async fn cmd_run(
     let mut embedded = None;
     if client.health().await.is_err() {
         let running = serve::start(&serve::ServeArgs::with_data_dir(data_dir.to_path_buf())).await?;
-        client = Client::new(&running.url);
+        client = Client::anonymous(&running.url);
         embedded = Some(running);
     }
-    let sandbox = client.create(&spec.request()?).await?;
-    let req = ExecRequest { argv: Some(command.to_vec()), timeout_secs: timeout, ..Default::default() };
+    let request = spec.request()?;
+    let argv = match command {
+        [] => image_default_command(&client, &request.image).await?,
+        given => given.to_vec(),
+    };
+    let sandbox = client.create(&request).await?;
+    let req = ExecRequest { argv: Some(argv), timeout_secs: timeout, ..Default::default() };
     let result = stream_exec(&client, &format!("/v1/sandboxes/{}/exec", sandbox.id), &req, cli.json).await;
     let deleted = client.delete(&sandbox.id).await;
     if let Some(running) = embedded {
@@ -378,6 +395,17 @@ async fn cmd_run(
         return Ok(124);
     }
     Ok(exit_code_of(&result))
+}
+
+/// What `warren run` runs when given no command: the image's OCI
+/// Entrypoint + Cmd, as inspect reports them.
+async fn image_default_command(client: &Client, image: &str) -> Result<Vec<String>> {
+    let detail = client.inspect_image(image).await?;
+    let argv = detail.config.map(|c| c.default_command()).unwrap_or_default();
+    if argv.is_empty() {
+        bail!("image {image} has no Entrypoint or Cmd: give the command after --");
+    }
+    Ok(argv)
 }
 
 async fn cmd_shell(client: &Client, id: &str) -> Result<()> {
@@ -488,7 +516,10 @@ async fn real_main(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Cmd::Image(c) => image_cmd::run(&client, json, c).await.map(|_| 0),
+        Cmd::Cluster(c) => cluster_cmd::run(&client, json, c).await,
         Cmd::Trajectory(c) => trajectory_cmd::run(&client, json, c).await,
+        Cmd::Project(c) => iam_cmd::run_project(&client, json, c).await.map(|_| 0),
+        Cmd::Key(c) => iam_cmd::run_key(&client, json, c).await.map(|_| 0),
     }
 }
 

@@ -1,6 +1,7 @@
 //! `warren serve`: the embedded single-process server - API, one node agent,
 //! the redb state store and the local image store in one data directory.
 
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -50,6 +51,20 @@ pub struct ServeArgs {
     /// Size bound of the node's cache of layered-image layers.
     #[arg(long, default_value_t = warren_node::DEFAULT_CACHE_BYTES)]
     pub layer_cache_bytes: u64,
+    /// Docker-style `config.json` whose `auths` entry for a registry's host
+    /// is used by pulls and pushes that bring no `auth` of their own.
+    #[arg(long)]
+    pub registry_auth_file: Option<PathBuf>,
+    /// Keep layered images' chunks in an S3-compatible bucket,
+    /// `http(s)://host:port/bucket`, instead of `<data-dir>/blobs`. Keys
+    /// from `WARREN_S3_ACCESS_KEY_ID` / `WARREN_S3_SECRET_ACCESS_KEY`
+    /// (region `WARREN_S3_REGION`, default us-east-1).
+    #[arg(long)]
+    pub blob_store_s3: Option<String>,
+    /// Chunk size of layers imported from now on (a power of two, 4096 to
+    /// 64 MiB; default 1 MiB).
+    #[arg(long)]
+    pub chunk_size_bytes: Option<u64>,
     /// How long an ended sandbox's record, exec results and idempotency key
     /// are kept (and answered) before they are deleted.
     #[arg(long, default_value_t = warren_node::DEFAULT_ENDED_RETENTION_SECS)]
@@ -79,6 +94,52 @@ pub struct ServeArgs {
     /// (`base`) or none.
     #[arg(long, env = "WARREN_E2B_DEFAULT_TEMPLATE", default_value = warren_api::DEFAULT_IMAGE)]
     pub e2b_default_template: String,
+    /// `on`: every v1 request needs an API key (`Authorization: Bearer`);
+    /// the first start writes a root-project key to `<data-dir>/admin.key`
+    /// (`--role api`: the first API server of the cluster, once).
+    /// `off`: requests without a key act as the root project - local use
+    /// only (see docs/iam.md).
+    #[arg(long, value_enum, env = "WARREN_AUTH", default_value_t = crate::iam_cmd::AuthMode::Off)]
+    pub auth: crate::iam_cmd::AuthMode,
+    /// `embedded`: API, node agent and state store in this one process.
+    /// `node`: a cluster's node agent (registers in etcd; answers only API
+    /// servers). `api`: a cluster's stateless API server. See docs/cluster.md.
+    #[arg(long, value_enum, default_value_t = Role::Embedded)]
+    pub role: Role,
+    /// etcd client URLs of the cluster (comma-separated or repeated).
+    #[arg(long = "etcd", env = "WARREN_ETCD", value_delimiter = ',')]
+    pub etcd: Vec<String>,
+    /// Every cluster key lives under this etcd prefix.
+    #[arg(long, default_value = "/warren")]
+    pub etcd_prefix: String,
+    /// This node's name in the cluster (`--role node`): 1-16 of [a-z0-9].
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// The URL API servers reach this node at (`--role node`; default:
+    /// `http://<listen address>`).
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// File with the cluster token API servers present to nodes (cluster
+    /// roles; mode 0600).
+    #[arg(long)]
+    pub cluster_token_file: Option<PathBuf>,
+    /// How long a node that stopped renewing its registration counts as
+    /// alive (`--role node`); after it, its sandboxes end `node_lost`.
+    #[arg(long, default_value_t = 5)]
+    pub node_ttl_secs: u64,
+    /// A VM backend (`microvm`, `vm`) this server does not offer even where
+    /// the host could run it: its creates answer `unsupported_backend`
+    /// (repeatable).
+    #[arg(long = "disable-backend", value_parser = ["microvm", "vm"])]
+    pub disabled_backends: Vec<String>,
+}
+
+/// What `warren serve` runs as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Role {
+    Embedded,
+    Node,
+    Api,
 }
 
 impl ServeArgs {
@@ -95,6 +156,9 @@ impl ServeArgs {
             admission_queue_limit: warren_api::DEFAULT_ADMISSION_QUEUE_LIMIT,
             destroy_on_exit: true,
             layer_cache_bytes: warren_node::DEFAULT_CACHE_BYTES,
+            registry_auth_file: None,
+            blob_store_s3: None,
+            chunk_size_bytes: None,
             ended_retention_secs: warren_node::DEFAULT_ENDED_RETENTION_SECS,
             trajectory_retention_secs: warren_node::trajectory::DEFAULT_TRAJECTORY_RETENTION_SECS,
             sandbox_net: None,
@@ -102,8 +166,36 @@ impl ServeArgs {
             network_presets: None,
             e2b_api_keys: Vec::new(),
             e2b_default_template: warren_api::DEFAULT_IMAGE.to_string(),
+            auth: crate::iam_cmd::AuthMode::Off,
+            role: Role::Embedded,
+            etcd: Vec::new(),
+            etcd_prefix: "/warren".into(),
+            node_name: None,
+            advertise: None,
+            cluster_token_file: None,
+            node_ttl_secs: 5,
+            disabled_backends: Vec::new(),
         }
     }
+}
+
+/// `http(s)://host:port/bucket` plus the keys from the environment.
+fn s3_config(url: &str) -> Result<warren_node::S3Config> {
+    let (scheme, rest) = url.split_once("://").context("--blob-store-s3 must be http(s)://host:port/bucket")?;
+    let (host, bucket) = rest.split_once('/').context("--blob-store-s3 must name the bucket after the host")?;
+    let bucket = bucket.trim_end_matches('/');
+    if bucket.is_empty() || bucket.contains('/') || !matches!(scheme, "http" | "https") {
+        anyhow::bail!("--blob-store-s3 must be http(s)://host:port/bucket");
+    }
+    let key = |name: &str| std::env::var(name).with_context(|| format!("--blob-store-s3 needs {name} set"));
+    Ok(warren_node::S3Config {
+        endpoint: format!("{scheme}://{host}"),
+        bucket: bucket.to_string(),
+        region: std::env::var("WARREN_S3_REGION").unwrap_or_else(|_| "us-east-1".into()),
+        access_key_id: key("WARREN_S3_ACCESS_KEY_ID")?,
+        secret_access_key: key("WARREN_S3_SECRET_ACCESS_KEY")?,
+        allow_http: scheme == "http",
+    })
 }
 
 fn default_init_binary() -> Result<PathBuf> {
@@ -122,23 +214,35 @@ fn default_init_binary() -> Result<PathBuf> {
 pub struct Running {
     pub url: String,
     pub node: Node,
+    /// The node's registration with the cluster (`--role node`).
+    pub registration: Option<warren_cluster::node_agent::Registration>,
     pub stop: tokio::sync::oneshot::Sender<()>,
     pub task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
 pub async fn start(args: &ServeArgs) -> Result<Running> {
+    let cluster = match args.role {
+        Role::Node => Some(NodeRole::from_args(args).await?),
+        Role::Embedded => None,
+        Role::Api => anyhow::bail!("an API server runs no node: use `warren serve --role api` (serve::run)"),
+    };
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("cannot create data dir {}", args.data_dir.display()))?;
     // A sandbox's init resolves its root filesystem under the data dir after it
     // has become an unprivileged host uid: it needs search (not read) permission.
     std::fs::set_permissions(&args.data_dir, std::os::unix::fs::PermissionsExt::from_mode(0o711))
         .with_context(|| format!("cannot set the mode of {}", args.data_dir.display()))?;
-    protect_the_node(&[args.instance.clone(), vm_instance(args)])?;
+    protect_the_node(&[args.instance.clone(), vm_instance(args), full_vm_instance(args)])?;
     let init_binary = match &args.init_binary {
         Some(p) => p.clone(),
         None => default_init_binary()?,
     };
     let store = Arc::new(RedbStore::open(args.data_dir.join("state.redb")).context("cannot open the state store")?);
+    // IAM is the API's: a cluster node answers only API servers, which enforce it.
+    let auth = match cluster {
+        None => Some(crate::iam_cmd::serve_auth(args.auth, &args.data_dir, store.clone(), &args.listen.to_string())?),
+        Some(_) => None,
+    };
     let driver = Arc::new(
         ContainerDriver::new(ContainerConfig {
             run_dir: args.data_dir.join("run"),
@@ -164,6 +268,11 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
                     .context("cannot find this binary for the layer cache's holder")?,
                 args.layer_cache_bytes,
             )),
+            registry_auth_file: args.registry_auth_file.clone(),
+            blob_store: warren_node::BlobStoreConfig {
+                s3: args.blob_store_s3.as_deref().map(s3_config).transpose()?,
+                chunk_size_bytes: args.chunk_size_bytes,
+            },
             ended_retention: std::time::Duration::from_secs(args.ended_retention_secs),
             trajectory_retention: std::time::Duration::from_secs(args.trajectory_retention_secs),
             network: warren_node::NetworkOptions {
@@ -171,6 +280,10 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
                 dns_hosts: args.dns_hosts.clone(),
                 presets: args.network_presets.clone(),
             },
+            sandbox_id_prefix: cluster.as_ref().map_or_else(
+                || warren_node::SANDBOX_ID_PREFIX.to_string(),
+                |c| warren_cluster::records::sandbox_id_prefix(&c.name),
+            ),
         },
         store,
         driver,
@@ -188,27 +301,141 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
         api_keys: args.e2b_api_keys.iter().filter(|k| !k.is_empty()).cloned().collect(),
         default_template: args.e2b_default_template.clone(),
     };
-    let task = tokio::spawn(warren_control::serve_with_e2b(listener, node.clone(), e2b, async move {
+    let mut router = warren_control::router_with_e2b_and_auth(node.clone(), e2b, auth);
+    if let Some(c) = &cluster {
+        router =
+            router.layer(axum::middleware::from_fn_with_state(c.token.clone(), warren_cluster::token::require_token));
+    }
+    let serving = axum::serve(listener, router).with_graceful_shutdown(async move {
         let _ = stopped.await;
-    }));
-    Ok(Running { url, node, stop, task })
+    });
+    let task = tokio::spawn(serving.into_future());
+    let registration = match cluster {
+        Some(c) => {
+            let config = warren_cluster::node_agent::NodeAgentConfig {
+                name: c.name,
+                url: args.advertise.clone().unwrap_or_else(|| url.clone()),
+                data_dir: args.data_dir.clone(),
+                ttl: std::time::Duration::from_secs(args.node_ttl_secs),
+                heartbeat: warren_cluster::node_agent::DEFAULT_HEARTBEAT,
+            };
+            Some(
+                warren_cluster::node_agent::register(node.clone(), c.store, config)
+                    .await
+                    .context("cannot register this node with the cluster")?,
+            )
+        }
+        None => None,
+    };
+    Ok(Running { url, node, registration, stop, task })
 }
 
-/// The microVM driver when this host has QEMU and a cloud kernel; without
-/// them `microvm` creates answer `unsupported_backend` (logged once here).
+/// A cluster node's settings, checked before anything starts.
+struct NodeRole {
+    name: String,
+    token: warren_cluster::token::ClusterToken,
+    store: Arc<warren_store_etcd::EtcdStore>,
+}
+
+impl NodeRole {
+    async fn from_args(args: &ServeArgs) -> Result<NodeRole> {
+        let name = args.node_name.clone().context("--role node needs --node-name")?;
+        warren_cluster::records::check_node_name(&name)?;
+        Ok(NodeRole { name, token: cluster_token(args)?, store: etcd_store(args).await? })
+    }
+}
+
+fn cluster_token(args: &ServeArgs) -> Result<warren_cluster::token::ClusterToken> {
+    let path = args.cluster_token_file.as_ref().context("cluster roles need --cluster-token-file")?;
+    Ok(warren_cluster::token::ClusterToken::read(path)?)
+}
+
+/// Connects to etcd and checks that a quorum answers.
+async fn etcd_store(args: &ServeArgs) -> Result<Arc<warren_store_etcd::EtcdStore>> {
+    anyhow::ensure!(!args.etcd.is_empty(), "cluster roles need --etcd URL[,URL...]");
+    let config = warren_store_etcd::EtcdConfig::new(args.etcd.clone()).with_prefix(args.etcd_prefix.clone());
+    let store = tokio::task::spawn_blocking(move || {
+        let store = warren_store_etcd::EtcdStore::connect(config)?;
+        store.check()?;
+        Ok::<_, warren_store_etcd::EtcdError>(store)
+    })
+    .await?
+    .context("cannot reach etcd")?;
+    Ok(Arc::new(store))
+}
+
+/// `warren serve --role api`: a stateless API server until SIGINT or SIGTERM.
+async fn run_api(args: ServeArgs) -> Result<()> {
+    let token = cluster_token(&args)?;
+    let store = etcd_store(&args).await?;
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("cannot create data dir {}", args.data_dir.display()))?;
+    let auth = crate::iam_cmd::cluster_auth(args.auth, &args.data_dir, store.clone(), &args.listen.to_string()).await?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = warren_cluster::api::start(listener, store, token, auth, async move {
+        let _ = stopped.await;
+    })
+    .await
+    .context("cannot start the API server")?;
+    let url = format!("http://{}", server.addr);
+    write_url_file(&args.data_dir, &url)?;
+    println!("warren API server listening on {url}");
+    wait_for_signal().await?;
+    let _ = stop.send(());
+    server.abort_watcher();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), server.task).await;
+    let _ = std::fs::remove_file(args.data_dir.join("server.url"));
+    Ok(())
+}
+
+async fn wait_for_signal() -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+/// The microVM and full-VM drivers when this host has QEMU and a cloud
+/// kernel; without them `microvm` and `vm` creates answer
+/// `unsupported_backend` (logged once here).
 fn vm_drivers(
     args: &ServeArgs,
     init_binary: &Path,
 ) -> std::collections::HashMap<warren_api::Backend, Arc<dyn warren_backend::Driver>> {
     let mut drivers = std::collections::HashMap::new();
+    let disabled = |name: &str| args.disabled_backends.iter().any(|b| b == name);
+    if disabled("microvm") && disabled("vm") {
+        return drivers;
+    }
     let config = MicroVmConfig::discover(args.data_dir.join("vm"), init_binary.to_path_buf(), vm_instance(args));
     match config.and_then(MicroVmDriver::new) {
-        Ok(driver) => {
+        Ok(driver) if !disabled("microvm") => {
             drivers.insert(warren_api::Backend::Microvm, Arc::new(driver) as Arc<dyn warren_backend::Driver>);
         }
+        Ok(_) => tracing::info!("the microvm backend is disabled (--disable-backend)"),
         Err(e) => tracing::warn!("the microvm backend is unavailable: {e}"),
     }
+    let config =
+        MicroVmConfig::discover_full(args.data_dir.join("fullvm"), init_binary.to_path_buf(), full_vm_instance(args));
+    match config.and_then(MicroVmDriver::new) {
+        Ok(driver) if !disabled("vm") => {
+            drivers.insert(warren_api::Backend::Vm, Arc::new(driver) as Arc<dyn warren_backend::Driver>);
+        }
+        Ok(_) => tracing::info!("the vm backend is disabled (--disable-backend)"),
+        Err(e) => tracing::warn!("the vm backend is unavailable: {e}"),
+    }
     drivers
+}
+
+/// The cgroup instance of the full-VM driver's QEMU processes (each driver
+/// sweeps everything under its own instance).
+fn full_vm_instance(args: &ServeArgs) -> String {
+    format!("{}-fullvm", args.instance)
 }
 
 /// The cgroup instance of the microVM driver's QEMU processes.
@@ -244,16 +471,21 @@ fn write_url_file(data_dir: &Path, url: &str) -> Result<()> {
 
 /// `warren serve`: runs until SIGINT or SIGTERM.
 pub async fn run(args: ServeArgs) -> Result<()> {
+    if args.role == Role::Api {
+        return run_api(args).await;
+    }
     let running = start(&args).await?;
     println!("warren listening on {}", running.url);
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    wait_for_signal().await?;
     tracing::info!("shutting down");
     let _ = running.stop.send(());
     running.node.shutdown(args.destroy_on_exit.then_some(warren_api::EndReason::Shutdown)).await;
+    if let Some(registration) = running.registration {
+        // With every sandbox ended, nothing is left to give up: withdraw
+        // at once. Otherwise the registration lives out its TTL, and a
+        // restart within it re-adopts everything.
+        registration.stop(args.destroy_on_exit).await;
+    }
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), running.task).await;
     let _ = std::fs::remove_file(args.data_dir.join("server.url"));
     Ok(())

@@ -40,6 +40,7 @@ from ._core import (
     json_body,
     list_request,
     queued_create,
+    resolve_api_key,
     resolve_url,
     run_function_request,
     sandbox_path,
@@ -78,6 +79,9 @@ class AsyncClient:
     for the async API, per event loop). Make your own to change the timeout
     or the retry policy, and close it with ``aclose()`` or ``async with``.
 
+    ``api_key`` (else ``$WARREN_API_KEY``) is sent as ``Authorization:
+    Bearer`` on every call; a server running ``--auth on`` needs one.
+
     ``timeout`` (seconds) bounds each ordinary call; command streams and file
     transfers have no read timeout (a command may stay silent for an hour).
     """
@@ -90,8 +94,13 @@ class AsyncClient:
         retry: RetryPolicy | None = None,
         max_connections: int = 1024,
         trust_env: bool = False,
+        api_key: str | None = None,
     ) -> None:
         self.url = resolve_url(url)
+        headers = {"User-Agent": f"warren-python/{__version__}"}
+        key = resolve_api_key(api_key)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
         self.timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
         self.retry = retry or RetryPolicy()
         self._http = httpx.AsyncClient(
@@ -99,7 +108,7 @@ class AsyncClient:
             timeout=self.timeout,
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
             trust_env=trust_env,
-            headers={"User-Agent": f"warren-python/{__version__}"},
+            headers=headers,
         )
 
     def __repr__(self) -> str:
@@ -235,14 +244,15 @@ def _remove_quietly(path: str) -> None:
 _shared: dict[Any, AsyncClient] = {}
 
 
-def _client(url: str | None, client: AsyncClient | None) -> AsyncClient:
+def _client(url: str | None, client: AsyncClient | None, api_key: str | None = None) -> AsyncClient:
     if client is not None:
         return client
-    key = (resolve_url(url), io.loop_key())
+    # The loop stays second: `forget_closed_loops` looks for it there.
+    key = (resolve_url(url), io.loop_key(), resolve_api_key(api_key))
     found = _shared.get(key)
     if found is None:
         io.forget_closed_loops(_shared)
-        found = _shared[key] = AsyncClient(key[0])
+        found = _shared[key] = AsyncClient(key[0], api_key=key[2])
     return found
 
 
@@ -285,6 +295,7 @@ async def run_code(
     output_cap_bytes: int | None = None,
     url: str | None = None,
     client: AsyncClient | None = None,
+    api_key: str | None = None,
 ) -> FunctionResult:
     """Runs ``code`` in ``language`` (``python``, ``bash``, ``sh``, ``c``,
     ``cpp``, ``javascript``) - or ``command`` (a shell string, or an argv
@@ -300,7 +311,7 @@ async def run_code(
     "language"``; when every worker is busy and the server's queue is full,
     :class:`~warren.QuotaExceeded` (``code == "queue_full"``).
     """
-    c = _client(url, client)
+    c = _client(url, client, api_key)
     request = run_function_request(
         code,
         language=language,
@@ -321,14 +332,19 @@ async def run_code(
 
 
 async def replay(
-    sandbox_id: str, *, keep: bool = False, url: str | None = None, client: AsyncClient | None = None
+    sandbox_id: str,
+    *,
+    keep: bool = False,
+    url: str | None = None,
+    client: AsyncClient | None = None,
+    api_key: str | None = None,
 ) -> ReplayReport:
     """Re-runs sandbox ``sandbox_id``'s trajectory (also one deleted within
     the server's trajectory retention) step by step in a fresh sandbox made
     from the same image, resources and env, and reports for each step
     whether its result matches (execs: status, exit code and output
     digests). The fresh sandbox is deleted afterwards unless ``keep``."""
-    c = _client(url, client)
+    c = _client(url, client, api_key)
     request = Request("POST", sandbox_path(sandbox_id, "/trajectory/replay"), json={"keep": keep}, long=True)
     return ReplayReport.from_json(await c.call(request))
 
@@ -394,9 +410,11 @@ class AsyncSandbox:
         phases: Mapping[str, Any] | None = None,
         phase: str | None = None,
         idempotency_key: str | None = None,
+        project: str | None = None,
         queue: bool = False,
         url: str | None = None,
         client: AsyncClient | None = None,
+        api_key: str | None = None,
     ) -> AsyncSandbox:
         """Makes a sandbox and returns once it runs.
 
@@ -413,9 +431,12 @@ class AsyncSandbox:
 
         A full node raises :class:`~warren.QuotaExceeded` at once, unless
         ``queue=True``: the call then waits its turn in the node's admission
-        queue (``code == "queue_full"`` when that is full too).
+        queue (``code == "queue_full"`` when that is full too). The same holds
+        for the project's quotas (``code == "quota_exceeded"``). ``project``
+        puts the sandbox in a project below the key's own (default: the
+        key's project).
         """
-        c = _client(url, client)
+        c = _client(url, client, api_key)
         request = create_request(
             image=image,
             backend=backend,
@@ -432,6 +453,7 @@ class AsyncSandbox:
             phases=phases,
             phase=phase,
             idempotency_key=idempotency_key,
+            project=project,
         )
         if queue:
             request = queued_create(request)
@@ -448,6 +470,7 @@ class AsyncSandbox:
         on_queued: Callable[[QueuePosition], Any] | None = None,
         url: str | None = None,
         client: AsyncClient | None = None,
+        api_key: str | None = None,
         **params: Any,
     ) -> builtins.list[AsyncSandbox | errors.WarrenError]:
         """Makes ``n`` sandboxes alike (``params`` as for :meth:`create`) with
@@ -470,7 +493,7 @@ class AsyncSandbox:
         if isinstance(n, int) and not isinstance(n, bool) and n == 0:
             return []
         request = batch_request(n, image, params, batch_key or str(uuid.uuid4()), queue)
-        c = _client(url, client)
+        c = _client(url, client, api_key)
         results: builtins.list[AsyncSandbox | errors.WarrenError | None] = [None] * n
         async with aclosing(c.batch_frames(request)) as frames:
             async for frame in frames:
@@ -494,6 +517,7 @@ class AsyncSandbox:
         resume: bool = False,
         url: str | None = None,
         client: AsyncClient | None = None,
+        api_key: str | None = None,
     ) -> AsyncSandbox:
         """A handle on an existing sandbox (raises :class:`~warren.NotFound`).
 
@@ -504,7 +528,7 @@ class AsyncSandbox:
         raises :class:`~warren.TrajectoryDiverged`); the first call past the
         log runs for real. Without it, numbering continues after the log's
         last step."""
-        c = _client(url, client)
+        c = _client(url, client, api_key)
         data = await c.call(Request("GET", sandbox_path(sandbox_id), idempotent=True))
         last_step = 0
         if not resume:
@@ -520,10 +544,11 @@ class AsyncSandbox:
         state: str | None = None,
         url: str | None = None,
         client: AsyncClient | None = None,
+        api_key: str | None = None,
     ) -> builtins.list[SandboxInfo]:
         """Sandboxes carrying every label in ``labels`` (and in ``state``, e.g.
         ``running``), as records; :meth:`connect` makes a handle from an id."""
-        c = _client(url, client)
+        c = _client(url, client, api_key)
         data = await c.call(list_request(labels, state))
         return filter_labels([SandboxInfo.from_json(d) for d in data["sandboxes"]], labels)
 

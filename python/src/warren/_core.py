@@ -45,6 +45,8 @@ from .types import (
 __version__ = "0.1.0"
 DEFAULT_URL = "http://127.0.0.1:7070"
 URL_ENV = "WARREN_URL"
+#: The API key every client sends when none is given (``--auth on`` servers need one).
+API_KEY_ENV = "WARREN_API_KEY"
 #: The server's per-stream capture cap when a request names none.
 DEFAULT_OUTPUT_CAP_BYTES = 1 << 20
 #: Upload and download chunk size: memory use of a transfer is about this.
@@ -54,6 +56,11 @@ CHUNK_BYTES = 1 << 20
 def resolve_url(url: str | None) -> str:
     """``url=`` first, then ``$WARREN_URL``, then the embedded server's default."""
     return (url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
+
+
+def resolve_api_key(api_key: str | None) -> str | None:
+    """``api_key=`` first, then ``$WARREN_API_KEY``; ``None`` sends no key."""
+    return api_key or os.environ.get(API_KEY_ENV) or None
 
 
 # ---- requests ----------------------------------------------------------------
@@ -127,6 +134,7 @@ def create_request(
     phases: Mapping[str, Any] | None,
     phase: str | None,
     idempotency_key: str | None,
+    project: str | None = None,
 ) -> Request:
     body: dict[str, Any] = {"idempotency_key": idempotency_key or str(uuid.uuid4())}
     optional = {
@@ -144,6 +152,7 @@ def create_request(
         "network_policy": dict(network_policy) if network_policy is not None else None,
         "phases": dict(phases) if phases else None,
         "phase": phase,
+        "project": project,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     # The key makes a resent create answer with the sandbox the first one made.
@@ -395,13 +404,22 @@ _BY_CODE: dict[str, type[errors.WarrenError]] = {
     "no_space": errors.NoSpace,
     "limit_reached": errors.QuotaExceeded,
     "queue_full": errors.QuotaExceeded,
+    "quota_exceeded": errors.QuotaExceeded,
+    "unauthorized": errors.Unauthorized,
+    "forbidden": errors.Unauthorized,
     "registry_unavailable": errors.ServerError,
+    # The registry's credentials (field `auth`), not this API's: the caller fixes the request.
+    "registry_auth_required": errors.InvalidRequest,
+    "registry_auth_failed": errors.InvalidRequest,
     "store_unavailable": errors.ServerError,
+    "node_unavailable": errors.ServerError,
     "internal": errors.ServerError,
 }
 
 _BY_STATUS: dict[int, type[errors.WarrenError]] = {
     400: errors.InvalidRequest,
+    401: errors.Unauthorized,
+    403: errors.Unauthorized,
     404: errors.NotFound,
     409: errors.Conflict,
     410: errors.SandboxGone,

@@ -38,6 +38,7 @@ from ._core import (
     json_body,
     list_request,
     queued_create,
+    resolve_api_key,
     resolve_url,
     run_function_request,
     sandbox_path,
@@ -76,6 +77,9 @@ class Client:
     whole process). Make your own to change the timeout
     or the retry policy, and close it with ``close()`` or ``with``.
 
+    ``api_key`` (else ``$WARREN_API_KEY``) is sent as ``Authorization:
+    Bearer`` on every call; a server running ``--auth on`` needs one.
+
     ``timeout`` (seconds) bounds each ordinary call; command streams and file
     transfers have no read timeout (a command may stay silent for an hour).
     """
@@ -88,8 +92,13 @@ class Client:
         retry: RetryPolicy | None = None,
         max_connections: int = 1024,
         trust_env: bool = False,
+        api_key: str | None = None,
     ) -> None:
         self.url = resolve_url(url)
+        headers = {"User-Agent": f"warren-python/{__version__}"}
+        key = resolve_api_key(api_key)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
         self.timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
         self.retry = retry or RetryPolicy()
         self._http = httpx.Client(
@@ -97,7 +106,7 @@ class Client:
             timeout=self.timeout,
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
             trust_env=trust_env,
-            headers={"User-Agent": f"warren-python/{__version__}"},
+            headers=headers,
         )
 
     def __repr__(self) -> str:
@@ -233,14 +242,15 @@ def _remove_quietly(path: str) -> None:
 _shared: dict[Any, Client] = {}
 
 
-def _client(url: str | None, client: Client | None) -> Client:
+def _client(url: str | None, client: Client | None, api_key: str | None = None) -> Client:
     if client is not None:
         return client
-    key = (resolve_url(url), io.loop_key())
+    # The loop stays second: `forget_closed_loops` looks for it there.
+    key = (resolve_url(url), io.loop_key(), resolve_api_key(api_key))
     found = _shared.get(key)
     if found is None:
         io.forget_closed_loops(_shared)
-        found = _shared[key] = Client(key[0])
+        found = _shared[key] = Client(key[0], api_key=key[2])
     return found
 
 
@@ -283,6 +293,7 @@ def run_code(
     output_cap_bytes: int | None = None,
     url: str | None = None,
     client: Client | None = None,
+    api_key: str | None = None,
 ) -> FunctionResult:
     """Runs ``code`` in ``language`` (``python``, ``bash``, ``sh``, ``c``,
     ``cpp``, ``javascript``) - or ``command`` (a shell string, or an argv
@@ -298,7 +309,7 @@ def run_code(
     "language"``; when every worker is busy and the server's queue is full,
     :class:`~warren.QuotaExceeded` (``code == "queue_full"``).
     """
-    c = _client(url, client)
+    c = _client(url, client, api_key)
     request = run_function_request(
         code,
         language=language,
@@ -319,14 +330,19 @@ def run_code(
 
 
 def replay(
-    sandbox_id: str, *, keep: bool = False, url: str | None = None, client: Client | None = None
+    sandbox_id: str,
+    *,
+    keep: bool = False,
+    url: str | None = None,
+    client: Client | None = None,
+    api_key: str | None = None,
 ) -> ReplayReport:
     """Re-runs sandbox ``sandbox_id``'s trajectory (also one deleted within
     the server's trajectory retention) step by step in a fresh sandbox made
     from the same image, resources and env, and reports for each step
     whether its result matches (execs: status, exit code and output
     digests). The fresh sandbox is deleted afterwards unless ``keep``."""
-    c = _client(url, client)
+    c = _client(url, client, api_key)
     request = Request("POST", sandbox_path(sandbox_id, "/trajectory/replay"), json={"keep": keep}, long=True)
     return ReplayReport.from_json(c.call(request))
 
@@ -392,9 +408,11 @@ class Sandbox:
         phases: Mapping[str, Any] | None = None,
         phase: str | None = None,
         idempotency_key: str | None = None,
+        project: str | None = None,
         queue: bool = False,
         url: str | None = None,
         client: Client | None = None,
+        api_key: str | None = None,
     ) -> Sandbox:
         """Makes a sandbox and returns once it runs.
 
@@ -411,9 +429,12 @@ class Sandbox:
 
         A full node raises :class:`~warren.QuotaExceeded` at once, unless
         ``queue=True``: the call then waits its turn in the node's admission
-        queue (``code == "queue_full"`` when that is full too).
+        queue (``code == "queue_full"`` when that is full too). The same holds
+        for the project's quotas (``code == "quota_exceeded"``). ``project``
+        puts the sandbox in a project below the key's own (default: the
+        key's project).
         """
-        c = _client(url, client)
+        c = _client(url, client, api_key)
         request = create_request(
             image=image,
             backend=backend,
@@ -430,6 +451,7 @@ class Sandbox:
             phases=phases,
             phase=phase,
             idempotency_key=idempotency_key,
+            project=project,
         )
         if queue:
             request = queued_create(request)
@@ -446,6 +468,7 @@ class Sandbox:
         on_queued: Callable[[QueuePosition], Any] | None = None,
         url: str | None = None,
         client: Client | None = None,
+        api_key: str | None = None,
         **params: Any,
     ) -> builtins.list[Sandbox | errors.WarrenError]:
         """Makes ``n`` sandboxes alike (``params`` as for :meth:`create`) with
@@ -468,7 +491,7 @@ class Sandbox:
         if isinstance(n, int) and not isinstance(n, bool) and n == 0:
             return []
         request = batch_request(n, image, params, batch_key or str(uuid.uuid4()), queue)
-        c = _client(url, client)
+        c = _client(url, client, api_key)
         results: builtins.list[Sandbox | errors.WarrenError | None] = [None] * n
         with closing(c.batch_frames(request)) as frames:
             for frame in frames:
@@ -492,6 +515,7 @@ class Sandbox:
         resume: bool = False,
         url: str | None = None,
         client: Client | None = None,
+        api_key: str | None = None,
     ) -> Sandbox:
         """A handle on an existing sandbox (raises :class:`~warren.NotFound`).
 
@@ -502,7 +526,7 @@ class Sandbox:
         raises :class:`~warren.TrajectoryDiverged`); the first call past the
         log runs for real. Without it, numbering continues after the log's
         last step."""
-        c = _client(url, client)
+        c = _client(url, client, api_key)
         data = c.call(Request("GET", sandbox_path(sandbox_id), idempotent=True))
         last_step = 0
         if not resume:
@@ -518,10 +542,11 @@ class Sandbox:
         state: str | None = None,
         url: str | None = None,
         client: Client | None = None,
+        api_key: str | None = None,
     ) -> builtins.list[SandboxInfo]:
         """Sandboxes carrying every label in ``labels`` (and in ``state``, e.g.
         ``running``), as records; :meth:`connect` makes a handle from an id."""
-        c = _client(url, client)
+        c = _client(url, client, api_key)
         data = c.call(list_request(labels, state))
         return filter_labels([SandboxInfo.from_json(d) for d in data["sandboxes"]], labels)
 

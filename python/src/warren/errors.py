@@ -90,9 +90,18 @@ class TrajectoryDiverged(Conflict):
         self.got = got
 
 
+class Unauthorized(WarrenError, PermissionError):
+    """The server wants an API key and got none, an unknown or a revoked one
+    (HTTP 401 ``unauthorized``), or the key's project may not use the route
+    at all (403 ``forbidden``: node-wide administration is the root
+    project's). Pass ``api_key=`` or set ``$WARREN_API_KEY``."""
+
+
 class QuotaExceeded(WarrenError):
     """No room right now: the node is full (HTTP 503 ``capacity_exceeded``),
-    its admission queue is full (429 ``queue_full``),
+    its admission queue is full (429 ``queue_full``), the sandbox's project
+    (or one above it) is at a quota (429 ``quota_exceeded``; ``field`` is
+    ``quota.<name>`` and ``body`` names the project, limit and use),
     the sandbox's own pids limit is full (429 ``limit_reached``, ``field``
     names the limit) or a rate limit answered 429. Trying again later may
     succeed."""

@@ -137,6 +137,8 @@ class SandboxInfo:
     idempotency_key: str | None = None
     #: VM backends: what runs the guest (``"kvm"``, or ``"tcg"`` where KVM cannot run it).
     accelerator: str | None = None
+    #: The project it belongs to (``root`` when the server runs without IAM).
+    project: str = "root"
     #: The record exactly as the server sent it (fields newer than this package included).
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -167,6 +169,7 @@ class SandboxInfo:
             network_policy=d.get("network_policy"),
             idempotency_key=d.get("idempotency_key"),
             accelerator=d.get("accelerator"),
+            project=d.get("project", "root"),
             raw=dict(d),
         )
 

@@ -12,7 +12,7 @@ use crate::{BackendError, Result};
 /// Module paths under `/lib/modules/<release>/kernel`, in load order
 /// (dependencies first; `virtio_mmio` binds the devices QEMU's microvm
 /// machine describes in ACPI).
-pub const MODULES: [&str; 8] = [
+pub const MODULES: &[&str] = &[
     "drivers/virtio/virtio_ring",
     "drivers/virtio/virtio",
     "drivers/virtio/virtio_mmio",
@@ -23,9 +23,23 @@ pub const MODULES: [&str; 8] = [
     "fs/overlayfs/overlay",
 ];
 
+/// The same for a q35 full VM: its virtio devices sit on PCI.
+pub const Q35_MODULES: &[&str] = &[
+    "drivers/virtio/virtio_ring",
+    "drivers/virtio/virtio",
+    "drivers/virtio/virtio_pci_legacy_dev",
+    "drivers/virtio/virtio_pci_modern_dev",
+    "drivers/virtio/virtio_pci",
+    "drivers/block/virtio_blk",
+    "drivers/char/virtio_console",
+    "lib/libcrc32c",
+    "fs/erofs/erofs",
+    "fs/overlayfs/overlay",
+];
+
 /// Writes the archive to `dest` (through a temporary file, so a reader never
 /// sees half of one).
-pub fn build(init_binary: &Path, modules_dir: &Path, dest: &Path) -> Result<()> {
+pub fn build(init_binary: &Path, modules_dir: &Path, modules: &[&str], dest: &Path) -> Result<()> {
     let io_err = |what: &str, path: &Path, e: io::Error| BackendError::io(format!("{what} {}", path.display()), e);
     let mut archive = Cpio::default();
     for dir in ["dev", "proc", "sys", "modules"] {
@@ -34,7 +48,7 @@ pub fn build(init_binary: &Path, modules_dir: &Path, dest: &Path) -> Result<()> 
     let init = fs::read(init_binary).map_err(|e| io_err("read", init_binary, e))?;
     archive.file("init", 0o755, &init);
     let mut order = String::new();
-    for module in MODULES {
+    for module in modules {
         let path = modules_dir.join("kernel").join(format!("{module}.ko"));
         let bytes = fs::read(&path).map_err(|e| io_err("read", &path, e))?;
         let name = module.rsplit('/').next().unwrap_or(module);

@@ -1,7 +1,8 @@
-//! QEMU's command line for one microVM, the accelerator probe, and the
-//! console's bounded tail.
+//! QEMU's command line for one microVM or full VM, the accelerator probe,
+//! and the console's bounded tail.
 //!
-//! The machine is `-M microvm` with virtio-mmio devices only: one
+//! The machine is `-M microvm` with virtio-mmio devices only, or for a full
+//! VM `-M q35` with the same devices on PCI ([`Machine`]): one
 //! virtio-serial port for the node (`warren.ctl`), one virtio-blk disk per
 //! layer (read-only, serial `wl<i>`) and the writable disk (serial `wrw`).
 //! QEMU opens the kernel, the initramfs and the disks, then confines itself:
@@ -35,6 +36,37 @@ const TCG_TB_MIB: u32 = 64;
 /// How the guest's CPU runs (the API's type: it is reported as is).
 pub use warren_api::Accelerator as Accel;
 
+/// Which machine QEMU emulates; everything else (disks, port, kernel,
+/// confinement) is the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Machine {
+    /// `-M microvm`: virtio-mmio devices, `warren-init` stays PID 1.
+    Micro,
+    /// `-M q35`: PCI virtio devices, firmware, ACPI; the guest's init
+    /// hands PID 1 to the image's systemd and comes back as its service
+    /// (`warren.systemd` on the kernel command line).
+    Q35,
+}
+
+impl Machine {
+    fn qemu_machine(self) -> &'static str {
+        match self {
+            Machine::Micro => "microvm,pit=off,pic=off,rtc=on,isa-serial=on",
+            // The legacy PIT and PIC stay for the firmware (SeaBIOS); the
+            // guest kernel is told the TSC's rate, so it does not calibrate
+            // on them.
+            Machine::Q35 => "q35,sata=off,smbus=off,usb=off,vmport=off,i8042=off",
+        }
+    }
+
+    fn device(self, kind: &str) -> String {
+        match self {
+            Machine::Micro => format!("{kind}-device"),
+            Machine::Q35 => format!("{kind}-pci"),
+        }
+    }
+}
+
 /// What the operator asked for (`WARREN_MICROVM_ACCEL`): probe, or force one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AccelChoice {
@@ -48,6 +80,7 @@ pub struct VmSpec<'a> {
     pub kernel: &'a Path,
     pub initramfs: &'a Path,
     pub accel: Accel,
+    pub machine: Machine,
     pub vcpus: u32,
     pub memory_mib: u64,
     pub layers: &'a [PathBuf],
@@ -89,12 +122,12 @@ fn host_tsc_khz() -> u64 {
     })
 }
 
-fn machine_args(cmd: &mut Command, qemu_accel: Accel, memory_mib: u64, vcpus: u32, jail: &Path) {
+fn machine_args(cmd: &mut Command, machine: Machine, qemu_accel: Accel, memory_mib: u64, vcpus: u32, jail: &Path) {
     let accel = match qemu_accel {
         Accel::Kvm => "kvm".to_string(),
         Accel::Tcg => format!("tcg,tb-size={TCG_TB_MIB}"),
     };
-    cmd.args(["-M", "microvm,pit=off,pic=off,rtc=on,isa-serial=on", "-accel", &accel])
+    cmd.args(["-M", machine.qemu_machine(), "-accel", &accel])
         .args(["-cpu", if qemu_accel == Accel::Kvm { "host" } else { "max" }])
         .args(["-m", &memory_mib.to_string(), "-smp", &vcpus.to_string()])
         .args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"])
@@ -112,22 +145,29 @@ fn machine_args(cmd: &mut Command, qemu_accel: Accel, memory_mib: u64, vcpus: u3
 /// Starts QEMU for `spec`. The child is killed when dropped.
 pub fn spawn(spec: &VmSpec<'_>) -> Result<Child> {
     let mut cmd = Command::new(spec.qemu);
-    machine_args(&mut cmd, spec.accel, spec.memory_mib, spec.vcpus, spec.jail);
-    let append = format!("{} warren.layers={} warren.hostname={}", base_append(), spec.layers.len(), spec.hostname);
+    machine_args(&mut cmd, spec.machine, spec.accel, spec.memory_mib, spec.vcpus, spec.jail);
+    let mut append = format!("{} warren.layers={} warren.hostname={}", base_append(), spec.layers.len(), spec.hostname);
+    if spec.machine == Machine::Q35 {
+        // systemd names the machine from its first step, not only once the
+        // agent runs. No getty on the console: nobody logs in there (it is
+        // the node's boot log), and without udev in the image its device
+        // never appears, holding the boot in `starting` for 90 s.
+        append.push_str(&format!(" warren.systemd systemd.hostname={} systemd.getty_auto=0", spec.hostname));
+    }
     cmd.arg("-kernel").arg(spec.kernel).arg("-initrd").arg(spec.initramfs).args(["-append", &append]);
     cmd.arg("-qmp").arg(format!("unix:{},server=on,wait=off", drive_path(spec.qmp_sock)?));
-    cmd.args(["-device", "virtio-serial-device,max_ports=2"])
+    cmd.args(["-device", &format!("{},max_ports=2", spec.machine.device("virtio-serial"))])
         .arg("-chardev")
         .arg(format!("socket,id=ctl,path={},server=on,wait=off", drive_path(spec.serial_sock)?))
         .args(["-device", &format!("virtserialport,chardev=ctl,name={}", warren_init::mux::PORT_NAME)]);
     for (i, layer) in spec.layers.iter().enumerate() {
         cmd.arg("-drive")
             .arg(format!("id=l{i},file={},format=raw,if=none,readonly=on", drive_path(layer)?))
-            .args(["-device", &format!("virtio-blk-device,drive=l{i},serial=wl{i}")]);
+            .args(["-device", &format!("{},drive=l{i},serial=wl{i}", spec.machine.device("virtio-blk"))]);
     }
     cmd.arg("-drive")
         .arg(format!("id=rw,file={},format=raw,if=none,cache=unsafe", drive_path(spec.writable)?))
-        .args(["-device", "virtio-blk-device,drive=rw,serial=wrw"]);
+        .args(["-device", &format!("{},drive=rw,serial=wrw", spec.machine.device("virtio-blk"))]);
     cmd.spawn().map_err(|e| BackendError::io(format!("start {}", spec.qemu.display()), e))
 }
 
@@ -140,12 +180,12 @@ fn drive_path(path: &Path) -> Result<String> {
 /// Whether KVM boots this guest: the guest's init powers off at once when
 /// told `warren.probe`. This host's KVM is paravirtual (PVM) and spins
 /// forever on an ordinary guest kernel, so only a clean exit in time counts.
-pub async fn probe_kvm(qemu: &Path, kernel: &Path, initramfs: &Path, jail: &Path) -> Accel {
+pub async fn probe_kvm(qemu: &Path, machine: Machine, kernel: &Path, initramfs: &Path, jail: &Path) -> Accel {
     if std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_err() {
         return Accel::Tcg;
     }
     let mut cmd = Command::new(qemu);
-    machine_args(&mut cmd, Accel::Kvm, 128, 1, jail);
+    machine_args(&mut cmd, machine, Accel::Kvm, 128, 1, jail);
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
     cmd.arg("-kernel").arg(kernel).arg("-initrd").arg(initramfs);
     cmd.args(["-append", &format!("{} warren.probe", base_append())]);

@@ -22,8 +22,9 @@ use tokio::runtime::Handle;
 
 use super::error::{IoContext, Result};
 use super::fanotify::{Event, Group, Verdict};
-use super::file::{FillError, InodeKey, LayerFile};
+use super::file::{FillError, FillOutcome, InodeKey, LayerFile};
 use super::holder::Holder;
+use super::readers::Readers;
 use crate::blob::ChunkSource;
 use crate::layer::LayerManifest;
 
@@ -45,6 +46,8 @@ pub(crate) struct Shared {
     pub(crate) runtime: Handle,
     pub(crate) holder: Mutex<Holder>,
     pub(crate) high_water: HighWater,
+    /// Fill events by the cgroup of the process that raised them.
+    pub(crate) readers: Readers,
 }
 
 impl Shared {
@@ -309,7 +312,10 @@ fn fill_event(shared: &Shared, event: &Event) -> Result<(), EventError> {
     // An event without a range (an mmap of the whole file) covers it all.
     let (offset, count) = event.range.unwrap_or((0, u64::MAX));
     let fetch = |indices: &[usize]| fetch_blocking(shared, file.manifest(), indices);
-    file.fill(fd.as_fd(), offset, count, &fetch)?;
+    let mut outcome = FillOutcome::default();
+    let filled = file.fill(fd.as_fd(), offset, count, &fetch, &mut outcome);
+    shared.readers.record(event.pid, &outcome);
+    filled?;
     if file.take_unmark_turn() {
         if let Err(e) = shared.group.unmark(file.inode()) {
             tracing::warn!(layer = file.hex(), error = %e, "could not unmark a complete layer");

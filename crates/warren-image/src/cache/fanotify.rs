@@ -52,6 +52,9 @@ pub(crate) struct Event {
     pub(crate) fd: Option<OwnedFd>,
     /// `(offset, count)` from the range record, if the event had one.
     pub(crate) range: Option<(u64, u64)>,
+    /// The process whose access raised the event (in the daemon's pid
+    /// namespace); it waits in the kernel until the event is answered.
+    pub(crate) pid: i32,
 }
 
 impl Event {
@@ -178,7 +181,8 @@ fn parse_events(mut buf: &[u8]) -> Vec<Event> {
             // this event and hands its ownership to the reader.
             unsafe { OwnedFd::from_raw_fd(raw_fd) }
         });
-        events.push(Event { mask: u64_at(buf, 8), raw_fd, fd, range: find_range(&buf[metadata_len..event_len]) });
+        let pid = i32::from_ne_bytes([buf[20], buf[21], buf[22], buf[23]]);
+        events.push(Event { mask: u64_at(buf, 8), raw_fd, fd, range: find_range(&buf[metadata_len..event_len]), pid });
         buf = &buf[event_len..];
     }
     events
@@ -244,6 +248,7 @@ mod tests {
         assert_eq!(events.len(), 2);
         assert!(events[0].is_pre_access());
         assert_eq!(events[0].range, Some((4096, 16384)));
+        assert_eq!(events[0].pid, 1234);
         assert!(!events[1].is_pre_access());
         assert_eq!(events[1].range, None);
         assert!(events.iter().all(|e| e.fd.is_none()));

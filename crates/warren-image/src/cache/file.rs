@@ -67,6 +67,16 @@ struct Counters {
     failed_fills: AtomicU64,
 }
 
+/// What one fill event cost, for attributing it to its reader.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct FillOutcome {
+    pub(crate) bytes_accessed: u64,
+    pub(crate) bytes_fetched: u64,
+    pub(crate) chunks_fetched: u64,
+    /// The whole range was local when the event arrived.
+    pub(crate) cache_hit: bool,
+}
+
 /// The fetcher a fill uses: one result per index, in the same order.
 pub(crate) type FetchFn<'a> = dyn Fn(&[usize]) -> Vec<Result<Bytes, String>> + 'a;
 
@@ -257,14 +267,17 @@ impl LayerFile {
         offset: u64,
         count: u64,
         fetch: &FetchFn<'_>,
+        outcome: &mut FillOutcome,
     ) -> Result<(), FillError> {
         self.counters.fill_events.fetch_add(1, Ordering::Relaxed);
         let end = offset.saturating_add(count).min(self.manifest.size);
         if offset >= end {
             self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+            outcome.cache_hit = true;
             return Ok(());
         }
         self.counters.bytes_accessed.fetch_add(end - offset, Ordering::Relaxed);
+        outcome.bytes_accessed += end - offset;
         let span = chunk_index(offset, self.manifest.chunk_size)..=chunk_index(end - 1, self.manifest.chunk_size);
         let mut first_look = true;
         loop {
@@ -272,12 +285,13 @@ impl LayerFile {
             if claim.indices.is_empty() && !others_fetching {
                 if first_look {
                     self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+                    outcome.cache_hit = true;
                 }
                 return Ok(());
             }
             first_look = false;
             if !claim.indices.is_empty() {
-                self.fetch_into(event_fd, claim, fetch).inspect_err(|_| {
+                self.fetch_into(event_fd, claim, fetch, outcome).inspect_err(|_| {
                     self.counters.failed_fills.fetch_add(1, Ordering::Relaxed);
                 })?;
             }
@@ -287,7 +301,13 @@ impl LayerFile {
         }
     }
 
-    fn fetch_into(&self, event_fd: BorrowedFd<'_>, mut claim: Claim<'_>, fetch: &FetchFn<'_>) -> Result<(), FillError> {
+    fn fetch_into(
+        &self,
+        event_fd: BorrowedFd<'_>,
+        mut claim: Claim<'_>,
+        fetch: &FetchFn<'_>,
+        outcome: &mut FillOutcome,
+    ) -> Result<(), FillError> {
         let indices = claim.indices.clone();
         let mut results = fetch(&indices).into_iter();
         let mut failure = None;
@@ -295,6 +315,8 @@ impl LayerFile {
             let fetched = results.next().unwrap_or_else(|| Err("no result from the fetcher".to_owned()));
             let stored = fetched.map_err(|reason| FillError::Fetch { index, reason }).and_then(|bytes| {
                 self.count_fetched(&bytes);
+                outcome.chunks_fetched += 1;
+                outcome.bytes_fetched += u64::try_from(bytes.len()).unwrap_or(u64::MAX);
                 self.check_chunk(index, &bytes)?;
                 let (offset, _) = self.extent(index);
                 write_all_at(event_fd, &bytes, offset).map_err(|source| FillError::Write { index, source })

@@ -202,6 +202,7 @@ fn create_request(origin: &TrajectoryOrigin) -> Result<CreateSandboxRequest> {
         "network_policy": origin.network_policy,
         "phases": origin.phases,
         "phase": origin.phase,
+        "project": origin.project,
     });
     from_json(request, "origin")
 }

@@ -1,0 +1,370 @@
+#!/usr/bin/env python3
+"""Lazy-loading benchmark of layered images over a shaped link.
+
+The blob store (s3s-fs) runs in a network namespace behind a veth pair
+shaped with netem (rate and delay on both directions), so the node fetches
+every chunk across a link like a cluster's, not at loopback speed. The
+image is the three layers `build-image.sh` makes (>= 1 GB): a Debian base,
+a Python toolkit from PyPI, a small workspace repository with tests.
+
+Per workload it measures, each time as create + exec (the API's wall time
+seen by the client):
+
+- cold: a fresh node (new data dir, so an empty layer cache; same bucket)
+  and the page cache dropped;
+- warm-node: the same node again after dropping the page cache (layer
+  files local, nothing in memory);
+- hot: once more, nothing dropped;
+- eager baseline: every chunk of the image downloaded over the same link
+  (8 parallel GETs, as a puller that fetches everything first would), plus
+  the warm-node start (the layers are then local files; EROFS needs no
+  extraction);
+- plain local directories: the same three trees merged into one directory
+  image on the node's disk, page cache dropped (the warm-run comparison).
+
+and the fraction of the image's bytes the node fetched (per-layer cache
+counters, metadata prefill included) and the sandbox's own counters
+(`GET /v1/sandboxes/{id}/image-stats`).
+
+Usage (root): bench/lazy/run.sh [--rate 1gbit] [--delay 1ms] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+LAYERS = Path(os.environ.get("LAZY_BENCH_LAYERS", "/var/cache/warren/lazy-bench"))
+S3_KEY, S3_SECRET, BUCKET = "lazybench", "lazybench-secret", "warren"
+HOST_IP, NS_IP = "10.233.77.1", "10.233.77.2"
+SANDBOX = {"memory_mib": 1024, "disk_mib": 1024, "cpus": 1}
+WORKLOADS = [
+    ("python3 -c pass", {"argv": ["python3", "-c", "pass"]}),
+    ("import numpy, pandas", {"argv": ["python3", "-c", "import numpy, pandas"]}),
+    ("pytest -q (workspace)", {"argv": ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider"], "cwd": "/work/repo"}),
+]
+
+
+def run(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(args, check=True, text=True, capture_output=True, **kw)
+
+
+def drop_page_cache() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def rate_bits(rate: str) -> int:
+    units = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+    for unit, factor in units.items():
+        if rate.endswith(unit):
+            return int(float(rate[: -len(unit)]) * factor)
+    raise ValueError(f"rate {rate!r}: use e.g. 1gbit, 100mbit")
+
+
+class Link:
+    """A veth pair into namespace `ns`, shaped both ways: netem (rate and
+    delay) where the kernel has it, else tbf (rate only)."""
+
+    def __init__(self, rate: str, delay: str) -> None:
+        tag = f"{os.getpid() % 100000}"
+        self.ns, self.host_if, self.ns_if = f"wlb{tag}", f"wlbh{tag}", f"wlbn{tag}"
+        self.shaping = ""
+        run("ip", "netns", "add", self.ns)
+        try:
+            self._setup(rate, delay)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, rate: str, delay: str) -> None:
+        run("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
+        run("ip", "link", "set", self.ns_if, "netns", self.ns)
+        run("ip", "addr", "add", f"{HOST_IP}/30", "dev", self.host_if)
+        run("ip", "link", "set", self.host_if, "up")
+        run("ip", "-n", self.ns, "addr", "add", f"{NS_IP}/30", "dev", self.ns_if)
+        run("ip", "-n", self.ns, "link", "set", self.ns_if, "up")
+        run("ip", "-n", self.ns, "link", "set", "lo", "up")
+        # netem's own queue would drop at this rate; give it room for a window.
+        netem = ["root", "netem", "delay", delay, "rate", rate, "limit", "100000"]
+        if subprocess.run(["tc", "qdisc", "add", "dev", self.host_if, *netem], capture_output=True).returncode == 0:
+            run("ip", "netns", "exec", self.ns, "tc", "qdisc", "add", "dev", self.ns_if, *netem)
+            self.shaping = f"netem rate {rate} delay {delay} each way"
+            return
+        # No sch_netem in this kernel: rate only, a bucket of 1 ms of traffic.
+        burst = max(rate_bits(rate) // 8 // 1000, 64 * 1024)
+        tbf = ["root", "tbf", "rate", rate, "burst", str(burst), "latency", "50ms"]
+        run("tc", "qdisc", "add", "dev", self.host_if, *tbf)
+        run("ip", "netns", "exec", self.ns, "tc", "qdisc", "add", "dev", self.ns_if, *tbf)
+        self.shaping = f"tbf rate {rate} (burst {burst} B) each way; no added delay (this kernel has no sch_netem)"
+
+    def close(self) -> None:
+        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+
+
+class S3Server:
+    """s3s-fs serving `root` from inside the link's namespace."""
+
+    def __init__(self, link: Link, root: Path) -> None:
+        (root / BUCKET).mkdir(parents=True, exist_ok=True)
+        binary = os.environ.get("WARREN_S3S_FS", str(ROOT / "target/tools/bin/s3s-fs"))
+        cmd = ["ip", "netns", "exec", link.ns, binary, "--host", NS_IP, "--port", "9000",
+               "--access-key", S3_KEY, "--secret-key", S3_SECRET, str(root)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.endpoint = f"http://{NS_IP}:9000"
+        wait_for(lambda: port_open(NS_IP, 9000), "s3s-fs to listen")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+class Node:
+    """One `warren serve` with its own data dir, on the shared bucket."""
+
+    def __init__(self, work: Path, name: str, s3: S3Server, extra: tuple[str, ...] = ()) -> None:
+        self.dir = work / name
+        self.dir.mkdir()
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        env = dict(os.environ, WARREN_S3_ACCESS_KEY_ID=S3_KEY, WARREN_S3_SECRET_ACCESS_KEY=S3_SECRET)
+        cmd = [str(warren_binary()), "serve", "--data-dir", str(self.dir / "data"), "--listen", f"127.0.0.1:{port}",
+               "--instance", f"lazybench-{name}", "--destroy-on-exit", "--blob-store-s3", f"{s3.endpoint}/{BUCKET}", *extra]
+        self.log = open(self.dir / "server.log", "w")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        wait_for(lambda: self.healthy(), f"warren serve ({self.dir / 'server.log'})")
+
+    def healthy(self) -> bool:
+        try:
+            return self.call("GET", "/v1/health")["status"] == "ok"
+        except (OSError, urllib.error.URLError, KeyError, ValueError):
+            return False
+
+    def call(self, method: str, path: str, body: dict | None = None) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=1800) as resp:
+                text = resp.read()
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"{method} {path}: {e.code} {e.read().decode(errors='replace')}") from None
+        return json.loads(text) if text else {}
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=120)
+        self.log.close()
+
+
+def warren_binary() -> Path:
+    return Path(os.environ.get("WARREN_BIN", ROOT / "target/debug/warren"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for(ready, what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def start_run(node: Node, image: str, workload: dict) -> dict:
+    """Create + exec + delete; the seconds of create+exec and what it cost."""
+    t0 = time.monotonic()
+    sb = node.call("POST", "/v1/sandboxes", {"image": image, **SANDBOX})
+    t1 = time.monotonic()
+    result = node.call("POST", f"/v1/sandboxes/{sb['id']}/exec?wait=true", {**workload, "timeout_secs": 1200})
+    t2 = time.monotonic()
+    if result.get("exit_code") != 0:
+        raise RuntimeError(f"workload failed: {json.dumps(result)[:2000]}")
+    stats = node.call("GET", f"/v1/sandboxes/{sb['id']}/image-stats")
+    node.call("DELETE", f"/v1/sandboxes/{sb['id']}")
+    return {"secs": t2 - t0, "create_secs": t1 - t0, "exec_secs": t2 - t1, "sandbox": stats}
+
+
+def layer_fetched(node: Node) -> tuple[int, int]:
+    """Bytes the node fetched, and chunks of them the metadata prefill took."""
+    layers = node.call("GET", "/v1/images/stats")["layers"]
+    return sum(l["bytes_fetched"] for l in layers), sum(l["metadata_chunks_fetched"] for l in layers)
+
+
+def eager_fetch_secs(s3: S3Server) -> tuple[float, int]:
+    """Every chunk object downloaded over the link, 8 at a time."""
+    import boto3  # the host's; only the baseline needs it
+
+    client = boto3.client("s3", endpoint_url=s3.endpoint, aws_access_key_id=S3_KEY,
+                          aws_secret_access_key=S3_SECRET, region_name="us-east-1")
+    keys = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="chunks/"):
+        keys += [o["Key"] for o in page.get("Contents", [])]
+    local = threading.local()
+
+    def get(key: str) -> int:
+        if not hasattr(local, "c"):
+            local.c = boto3.client("s3", endpoint_url=s3.endpoint, aws_access_key_id=S3_KEY,
+                                   aws_secret_access_key=S3_SECRET, region_name="us-east-1")
+        return len(local.c.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        total = sum(pool.map(get, keys))
+    return time.monotonic() - t0, total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--delay", default="1ms")
+    ap.add_argument("--chunk-size-bytes", type=int, help="chunk size of the imported layers (server default 1 MiB)")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    for layer in ("base", "toolkit", "workspace"):
+        if not (LAYERS / layer).exists():
+            sys.exit(f"{LAYERS / layer} is missing: run bench/lazy/build-image.sh first")
+
+    rows, notes = [], {}
+    link = Link(args.rate, args.delay)
+    notes["shaping"] = link.shaping
+    work = Path(tempfile.mkdtemp(prefix="lazy-bench-", dir="/var/tmp"))
+    os.chmod(work, 0o755)
+    cleanup = [link.close]
+    try:
+        s3 = S3Server(link, work / "s3")
+        cleanup.insert(0, s3.close)
+        chunk_args = ("--chunk-size-bytes", str(args.chunk_size_bytes)) if args.chunk_size_bytes else ()
+        importer = Node(work, "import", s3, chunk_args)
+        cleanup.insert(0, importer.close)
+        t0 = time.monotonic()
+        for layer, role in (("base", "base"), ("toolkit", "toolkit"), ("workspace", "workspace")):
+            src = str((LAYERS / layer).resolve())
+            importer.call("POST", "/v1/images", {"name": f"lb-{layer}", "dir": src, "format": "erofs", "role": role})
+        notes["import_secs"] = time.monotonic() - t0
+        importer.call("POST", "/v1/images/compose",
+                      {"name": "lb", "layers": [{"image": "lb-base"}, {"image": "lb-toolkit"}, {"image": "lb-workspace"}]})
+        detail = importer.call("GET", "/v1/images/lb")
+        image_bytes = sum(layer["size_bytes"] for layer in detail["layers"])
+        notes["layers"] = [(layer["id"], layer["size_bytes"]) for layer in detail["layers"]]
+        notes["image_bytes"] = image_bytes
+
+        # Plain local directories: the three trees merged into one directory image.
+        merged = work / "merged"
+        merged.mkdir()
+        for layer in ("base", "toolkit", "workspace"):
+            run("cp", "-a", "--reflink=auto", f"{(LAYERS / layer).resolve()}/.", str(merged) + "/")
+        importer.call("POST", "/v1/images", {"name": "lb-dir", "dir": str(merged)})
+        shutil.rmtree(merged)
+
+        for label, workload in WORKLOADS:
+            node = Node(work, f"cold-{len(rows)}", s3)
+            try:
+                drop_page_cache()
+                cold = start_run(node, "lb", workload)
+                fetched, metadata_chunks = layer_fetched(node)
+                drop_page_cache()
+                warm = start_run(node, "lb", workload)
+                hot = start_run(node, "lb", workload)
+            finally:
+                node.close()
+            drop_page_cache()
+            plain_warm = start_run(importer, "lb-dir", workload)
+            plain_hot = start_run(importer, "lb-dir", workload)
+            rows.append({"workload": label, "cold": cold, "warm": warm, "hot": hot, "fetched": fetched,
+                         "metadata_chunks": metadata_chunks,
+                         "plain_warm": plain_warm, "plain_hot": plain_hot})
+            print(f"{label}: cold {cold['secs']:.2f}s warm {warm['secs']:.2f}s hot {hot['secs']:.2f}s "
+                  f"fetched {fetched / image_bytes:.1%}", flush=True)
+        drop_page_cache()
+        notes["eager_fetch_secs"], notes["eager_bytes"] = eager_fetch_secs(s3)
+    finally:
+        for close in cleanup:
+            try:
+                close()
+            except Exception as e:  # noqa: BLE001 - keep cleaning up
+                print(f"cleanup: {e}", file=sys.stderr)
+        shutil.rmtree(work, ignore_errors=True)
+
+    report = render(args, rows, notes)
+    print(report)
+    if args.out:
+        args.out.write_text(report)
+    return 0
+
+
+def render(args, rows, notes) -> str:
+    image_bytes = notes["image_bytes"]
+    eager = notes["eager_fetch_secs"]
+    version = subprocess.run([str(warren_binary()), "--version"], capture_output=True, text=True).stdout.strip()
+    lines = [
+        f"# Lazy-loading benchmark, link {args.rate}",
+        "",
+        f"- link to the blob store (s3s-fs in a network namespace): {notes['shaping']}",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- machine: {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}",
+        f"- warren: {version} ({warren_binary()})",
+        f"- command: `bench/lazy/run.sh --rate {args.rate} --delay {args.delay}"
+        + (f" --chunk-size-bytes {args.chunk_size_bytes}`" if args.chunk_size_bytes else "`"),
+        f"- chunk size: {args.chunk_size_bytes or 1 << 20} bytes",
+        f"- image: {image_bytes / 1e9:.2f} GB in EROFS layers: "
+        + ", ".join(f"{name} {size / 1e6:.0f} MB" for name, size in notes["layers"]),
+        f"- import (build EROFS + upload over the link): {notes['import_secs']:.1f} s",
+        f"- eager fetch of every chunk ({notes['eager_bytes'] / 1e6:.0f} MB, 8 parallel GETs): {eager:.2f} s",
+        "",
+        "Times are create + exec as the API client sees them, one run each.",
+        "",
+        "| workload | fetched (of image) | metadata prefill chunks | sandbox fetched / accessed / hits | cold | warm-node | hot | eager (fetch + warm) | cold / eager | plain dirs warm | warm / plain | plain dirs hot |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        eager_total = eager + r["warm"]["secs"]
+        sb = r["cold"]["sandbox"]
+        lines.append(
+            f"| {r['workload']} | {r['fetched'] / 1e6:.0f} MB ({r['fetched'] / image_bytes:.1%}) "
+            f"| {r['metadata_chunks']} "
+            f"| {sb['bytes_fetched'] / 1e6:.0f} MB / {sb['bytes_accessed'] / 1e6:.0f} MB / {sb['cache_hits']} "
+            f"| {r['cold']['secs']:.2f} s | {r['warm']['secs']:.2f} s | {r['hot']['secs']:.2f} s "
+            f"| {eager_total:.2f} s | {r['cold']['secs'] / eager_total:.2f} "
+            f"| {r['plain_warm']['secs']:.2f} s | {r['warm']['secs'] / r['plain_warm']['secs']:.2f} "
+            f"| {r['plain_hot']['secs']:.2f} s |"
+        )
+    lines += [
+        "",
+        "Targets (issue 3): fetched <= 10% for pytest; cold <= 0.2x eager; warm <= 1.05x plain directories.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+#!/bin/sh
+# The lazy-loading benchmark: builds (or reuses) the >= 1 GB three-layer
+# image, then measures cold / warm-node / hot starts, the eager baseline
+# and plain local directories over a netem-shaped veth to the blob store,
+# and writes bench/results/<date>-lazy-<rate>.md.
+#
+# Usage (root): bench/lazy/run.sh [--rate 1gbit] [--delay 1ms] [--chunk-size-bytes N]
+set -eu
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+[ "$(id -u)" -eq 0 ] || { echo "run.sh: must run as root" >&2; exit 1; }
+
+rate=1gbit
+delay=1ms
+chunk=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --rate) rate=$2; shift 2 ;;
+        --delay) delay=$2; shift 2 ;;
+        --chunk-size-bytes) chunk=$2; shift 2 ;;
+        *) echo "usage: $0 [--rate R] [--delay D] [--chunk-size-bytes N]" >&2; exit 2 ;;
+    esac
+done
+
+cd "$ROOT"
+cargo build -p warren -p warren-init
+[ -x target/tools/bin/s3s-fs ] || crates/warren-image/scripts/s3-server.sh install
+"$HERE/build-image.sh"
+out="bench/results/$(date -u +%Y-%m-%d)-lazy-$rate${chunk:+-chunk$chunk}.md"
+python3 "$HERE/lazy_bench.py" --rate "$rate" --delay "$delay" ${chunk:+--chunk-size-bytes "$chunk"} --out "$out"
+echo "written: $out"

@@ -1,0 +1,193 @@
+//! IAM and quotas in a cluster's API role: 1 etcd member, 2 API servers
+//! with `--auth on` and 2 node agents (each in its own network namespace).
+//! Keys and projects live in etcd, so both API servers know every key; a
+//! key needs no more than any API server to be refused (401) or to find
+//! another project's sandbox missing (404, through either API server, by
+//! the project in its placement record); a project's sandbox quota holds
+//! cluster-wide (the nodes report what each project runs) and frees up
+//! after a delete; and the root admin key was made exactly once.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use tokio::time::{sleep, Instant};
+use warren_api::{ErrorCode, ProjectInfo, QuotaKind, SandboxInfo, SandboxState};
+use warren_cluster::testing::Lab;
+use warren_store_etcd::testing::EtcdCluster;
+use warren_tests::cluster::*;
+use warren_tests::iam::*;
+use warren_tests::*;
+
+const NODES: usize = 2;
+
+fn body() -> Value {
+    small(json!({"image": IMAGE, "memory_mib": 64, "disk_mib": 16}))
+}
+
+/// A client that sends `key` on every request, as a user of one project would.
+fn client_with_key(key: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let value = format!("Bearer {key}").parse().expect("a header value");
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    reqwest::Client::builder().no_proxy().default_headers(headers).build().expect("an HTTP client")
+}
+
+/// Waits until `api` counts `sandboxes` live sandboxes in `project` (the
+/// nodes' heartbeats reached it), and returns what it says.
+async fn wait_usage(api: &TestServer, project: &str, sandboxes: u64) -> ProjectInfo {
+    let deadline = Instant::now() + SETTLE_WITHIN;
+    loop {
+        let (code, answer) = api.call(Method::GET, &format!("/v1/projects/{project}"), None).await;
+        assert_eq!(code, StatusCode::OK, "{answer}");
+        let info: ProjectInfo = from_json(answer);
+        if info.usage.sandboxes == sandboxes {
+            return info;
+        }
+        assert!(Instant::now() < deadline, "{project} never held {sandboxes} sandboxes at {}: {info:?}", api.url);
+        sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn api_servers_enforce_keys_project_isolation_and_quotas_cluster_wide() {
+    let lab = Lab::new(NODES);
+    let etcd = EtcdCluster::start_on(1, lab.host_ip());
+    let secrets = tempfile::tempdir().expect("a temp dir");
+    let token = token_file(secrets.path());
+    let mut nodes = Vec::new();
+    for i in 0..NODES {
+        nodes.push(start_node(&lab, i, &etcd, &token, &[]).await);
+    }
+    let mut apis = vec![start_api(&etcd, &token, &["--auth", "on"]).await];
+    apis.push(start_api(&etcd, &token, &["--auth", "on"]).await);
+
+    // The admin key was made once, by the first API server; the second
+    // found it made and wrote none, yet takes it (keys live in etcd).
+    let admin = apis[0].admin_key.clone().expect("the first API server wrote admin.key");
+    assert!(apis[1].admin_key.is_none(), "the second API server made a second admin key");
+    assert!(!apis[1].data_dir().join("admin.key").exists());
+    apis[1].http = client_with_key(&admin);
+    for api in &apis {
+        wait_status(api, "both nodes registered", |s| s.nodes.len() == NODES).await;
+    }
+
+    // No key, or a wrong one: 401 on either API server; health stays open.
+    for api in &apis {
+        for (method, path, body) in [
+            (Method::GET, "/v1/sandboxes", None),
+            (Method::POST, "/v1/sandboxes", Some(body())),
+            (Method::GET, "/v1/projects", None),
+            (Method::GET, "/v1/cluster", None),
+        ] {
+            let (code, answer) = call_as(api, None, method.clone(), path, body.as_ref()).await;
+            assert_api_error(code, &answer, ErrorCode::Unauthorized, None);
+            let (code, answer) = call_as(api, Some("wrn_not-a-key"), method, path, body.as_ref()).await;
+            assert_api_error(code, &answer, ErrorCode::Unauthorized, None);
+        }
+        let (code, _) = call_as(api, None, Method::GET, "/v1/health", None).await;
+        assert_eq!(code, StatusCode::OK);
+    }
+
+    // Projects made through one API server, keys through the other.
+    let a = project(&apis[0], None, "a", json!({"sandboxes": 2})).await;
+    let b = project(&apis[0], None, "b", json!({})).await;
+    let key_a = key_of(&apis[1], &a.id).await;
+    let key_b = key_of(&apis[1], &b.id).await;
+
+    let b1 = create_as(&apis[1], &key_b, body()).await;
+    let a1 = create_as(&apis[0], &key_a, body()).await;
+    assert_eq!((a1.project.as_str(), b1.project.as_str()), (a.id.as_str(), b.id.as_str()));
+    // A project's own key reaches its sandbox through either API server.
+    for api in &apis {
+        let (code, answer) = call_as(api, Some(&key_a), Method::GET, &format!("/v1/sandboxes/{}", a1.id), None).await;
+        assert_eq!(code, StatusCode::OK, "{answer}");
+    }
+
+    // A's key finds B's sandbox missing, through either API server, exactly
+    // as an id that never existed; and it cannot exec in it or delete it.
+    let never = format!("sb-{}-0123456789abcdef", b1.placement.as_ref().expect("placed").node);
+    for api in &apis {
+        let (code, missing) = call_as(api, Some(&key_a), Method::GET, &format!("/v1/sandboxes/{never}"), None).await;
+        assert_api_error(code, &missing, ErrorCode::NotFound, None);
+        let (code, hidden) = call_as(api, Some(&key_a), Method::GET, &format!("/v1/sandboxes/{}", b1.id), None).await;
+        assert_api_error(code, &hidden, ErrorCode::NotFound, None);
+        assert_eq!(hidden["message"], json!(format!("no sandbox {}", b1.id)), "{hidden}");
+        let exec = json!({"argv": ["echo", "in-b"]});
+        let path = format!("/v1/sandboxes/{}/exec", b1.id);
+        let (code, answer) = call_as(api, Some(&key_a), Method::POST, &path, Some(&exec)).await;
+        assert_api_error(code, &answer, ErrorCode::NotFound, None);
+        let path = format!("/v1/sandboxes/{}", b1.id);
+        let (code, answer) = call_as(api, Some(&key_a), Method::DELETE, &path, None).await;
+        assert_api_error(code, &answer, ErrorCode::NotFound, None);
+        // The cluster's counts span every project: root only.
+        let (code, answer) = call_as(api, Some(&key_a), Method::GET, "/v1/cluster", None).await;
+        assert_api_error(code, &answer, ErrorCode::Forbidden, None);
+    }
+    assert_eq!(apis[0].get(&b1.id).await.state, SandboxState::Running, "B's sandbox was left alone");
+    assert_eq!(apis[1].sh_ok(&b1.id, "echo admin-reaches-b").await, "admin-reaches-b\n");
+
+    // Each key lists its own project's sandboxes only; the admin key all.
+    for api in &apis {
+        assert_eq!(list_as(api, &key_a).await, vec![a1.id.clone()]);
+        assert_eq!(list_as(api, &key_b).await, vec![b1.id.clone()]);
+        let all: Vec<String> = api.list(None).await.into_iter().map(|s| s.id).collect();
+        assert!(all.contains(&a1.id) && all.contains(&b1.id), "{all:?}");
+    }
+
+    // A may hold 2 sandboxes: the second goes through the other API
+    // server; once both API servers count both (the nodes' heartbeats),
+    // a third is refused through either.
+    let a2 = create_as(&apis[1], &key_a, body()).await;
+    for api in &apis {
+        wait_usage(api, &a.id, 2).await;
+        let (code, answer) = call_as(api, Some(&key_a), Method::POST, "/v1/sandboxes", Some(&body())).await;
+        assert_quota_refusal(code, &answer, &a.id, QuotaKind::Sandboxes);
+    }
+    // B has no quota of its own: A's full quota does not touch it.
+    let b2 = create_as(&apis[0], &key_b, body()).await;
+
+    // A queued create waits for A's room; a delete makes it.
+    let queued = {
+        let (http, url) = (client_with_key(&key_a), apis[0].url.clone());
+        tokio::spawn(async move {
+            let answer = http.post(format!("{url}/v1/sandboxes?queue=true")).json(&body()).send().await;
+            let answer = answer.expect("the queued create answers");
+            (answer.status(), answer.json::<Value>().await.expect("a JSON answer"))
+        })
+    };
+    sleep(Duration::from_secs(2)).await;
+    assert!(!queued.is_finished(), "the queued create waits while A's quota is full");
+    let (code, answer) =
+        call_as(&apis[1], Some(&key_a), Method::DELETE, &format!("/v1/sandboxes/{}", a2.id), None).await;
+    assert_eq!(code, StatusCode::OK, "{answer}");
+    let (code, answer) = tokio::time::timeout(SETTLE_WITHIN, queued).await.expect("admitted in time").expect("joined");
+    assert_eq!(code, StatusCode::CREATED, "{answer}");
+    let a3: SandboxInfo = from_json(answer);
+    assert_eq!(a3.project, a.id);
+
+    // After another delete, a plain create fits again (once this API
+    // server's count has caught up with the delete).
+    let (code, answer) =
+        call_as(&apis[0], Some(&key_a), Method::DELETE, &format!("/v1/sandboxes/{}", a3.id), None).await;
+    assert_eq!(code, StatusCode::OK, "{answer}");
+    let deadline = Instant::now() + SETTLE_WITHIN;
+    let a4 = loop {
+        let (code, answer) = call_as(&apis[1], Some(&key_a), Method::POST, "/v1/sandboxes", Some(&body())).await;
+        if code == StatusCode::CREATED {
+            break from_json::<SandboxInfo>(answer);
+        }
+        assert_quota_refusal(code, &answer, &a.id, QuotaKind::Sandboxes);
+        assert!(Instant::now() < deadline, "the delete never made room: {answer}");
+        sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(a4.project, a.id);
+
+    for id in [&a1.id, &a4.id, &b1.id, &b2.id] {
+        apis[0].delete(id).await;
+    }
+    drop(apis);
+    for node in nodes {
+        node.finish().await;
+    }
+}

@@ -1,0 +1,82 @@
+//! What the VM suites (`microvm`, `vm`) share: the host check they need,
+//! and a busy counter in the guest to tell a paused VM from a running one.
+
+use std::path::Path;
+use std::time::Duration;
+
+use warren_api::{Backend, EndReason, SandboxInfo, SandboxState};
+
+use crate::{leaks, TestServer};
+
+/// Fails loudly (never skips) when this host cannot run the VM backends.
+pub fn require_qemu_and_kernel(suite: &str) {
+    let qemu = Path::new("/usr/bin/qemu-system-x86_64").is_file();
+    let kernel = std::fs::read_dir("/boot").is_ok_and(|d| {
+        d.flatten()
+            .any(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("vmlinuz-") && n.ends_with("-cloud-amd64")))
+    });
+    assert!(
+        qemu && kernel,
+        "the {suite} tests need qemu-system-x86 (found: {qemu}) and a Debian cloud kernel in /boot (found: {kernel}); \
+         run scripts/setup-host.sh"
+    );
+}
+
+/// The guest's counter: as fast as the shell goes, in a file of the
+/// writable disk that an exec reads.
+pub const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; done";
+/// How long the counter is left running, and left paused, for the two
+/// counts to compare; longer than the node's liveness probe period, so a
+/// probe runs while the VM is paused.
+pub const PAUSE_WINDOW: Duration = Duration::from_secs(3);
+
+/// `POST .../pause` or `.../resume`, asserting the state it answers.
+pub async fn pause_or_resume(server: &TestServer, id: &str, verb: &str, want: SandboxState) {
+    let (status, body) = server.call(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/{verb}"), None).await;
+    assert_eq!(status.as_u16(), 200, "{verb} {id}: {body}\nlog:\n{}", server.log_tail(30));
+    let info: SandboxInfo = serde_json::from_value(body).expect("a sandbox info");
+    assert_eq!(info.state, want, "after {verb}: {info:?}");
+}
+
+/// The counter as the guest sees it (an exec, so it resumes a paused VM).
+/// The loop truncates the file before it writes it: an empty read is retried.
+pub async fn guest_count(server: &TestServer, id: &str) -> u64 {
+    for _ in 0..100 {
+        if let Ok(n) = server.sh_ok(id, "cat /tmp/count 2>/dev/null; true").await.trim().parse() {
+            return n;
+        }
+    }
+    panic!("the guest's counter never read as a number");
+}
+
+/// Bounded wait until the guest's counter passes `after`.
+pub async fn count_moves_past(server: &TestServer, id: &str, after: u64) -> u64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = guest_count(server, id).await;
+        if n > after {
+            return n;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the guest's counter stays at {n}, not past {after}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Deletes a VM sandbox of `backend` and checks the host: no QEMU process
+/// in its driver's cgroups, no sandbox cgroup, no run directory (disk,
+/// sockets).
+pub async fn delete_leaves_nothing(backend: Backend, server: &TestServer, id: &str) {
+    let (vm_instance, run_dir) = match backend {
+        Backend::Vm => (leaks::full_vm_instance(&server.instance), server.data_dir().join("fullvm").join(id)),
+        _ => (leaks::vm_instance(&server.instance), server.data_dir().join("vm").join(id)),
+    };
+    assert!(run_dir.join("rw.img").is_file(), "a live VM has its writable disk");
+    assert!(!leaks::instance_processes(&vm_instance).is_empty(), "QEMU runs in its driver's cgroup");
+    let ended = server.delete(id).await;
+    assert_eq!(ended.end_reason, Some(EndReason::Deleted));
+    assert!(!run_dir.exists(), "{} survives the delete", run_dir.display());
+    assert_eq!(leaks::instance_processes(&vm_instance), vec![], "QEMU survives the delete");
+    let cgroups: Vec<_> =
+        leaks::sandbox_cgroup_dirs(&server.instance).into_iter().filter(|d| d.ends_with(id)).collect();
+    assert_eq!(cgroups, Vec::<std::path::PathBuf>::new(), "the sandbox's cgroups survive the delete");
+}
