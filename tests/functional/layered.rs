@@ -159,7 +159,7 @@ async fn per_sandbox_stats_show_the_first_reader_fetching_and_the_next_hitting_t
     assert!(b.bytes_accessed >= DATA_FILE_BYTES / 2, "{b:?}");
     assert!(b.bytes_fetched < DATA_FILE_BYTES, "and did not fetch the file again: {b:?}");
     assert_eq!(sandbox_image_stats(&server, &first.id).await.bytes_fetched, a.bytes_fetched, "A's own stay A's");
-    let out = std::process::Command::new(warren_cli_binary())
+    let out = std::process::Command::new(warren_binary())
         .args(["--url", &server.url, "--json", "image", "stats", "--sandbox", &second.id])
         .output()
         .expect("run the warren CLI");

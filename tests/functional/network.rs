@@ -167,15 +167,6 @@ impl Drop for NetObjects {
     }
 }
 
-fn warren_cli() -> PathBuf {
-    if let Some(path) = std::env::var_os("WARREN_BIN") {
-        return PathBuf::from(path);
-    }
-    let exe = std::env::current_exe().expect("the test executable has a path");
-    let deps = exe.parent().expect("the test executable has a directory");
-    deps.parent().unwrap_or(deps).join("warren")
-}
-
 fn probe_binary() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT.get_or_init(|| static_c_helper("functional/network/probe.c", env!("CARGO_TARGET_TMPDIR"))).clone()
@@ -327,7 +318,7 @@ async fn live_policy_changes_apply_to_the_next_connect_and_cut_established_conne
     assert_eq!(probe(&server, &sb.id, &format!("tcp {target}")).await, "tcp EPERM\n");
 
     // Through the CLI, as a user would.
-    let cli = Command::new(warren_cli())
+    let cli = Command::new(warren_binary())
         .args(["--json", "sandbox", "network", &sb.id, "--allow", &format!("{}:80", peer.addr)])
         .env("WARREN_URL", &server.url)
         .output()

@@ -167,7 +167,7 @@ async fn an_oci_image_config_sets_the_environment_and_working_directory_of_execs
     assert_eq!(server.sh_ok(&third.id, "pwd").await, "/srv/app\n");
 
     // `warren run` without a command runs the image's Entrypoint + Cmd.
-    let out = std::process::Command::new(warren_cli_binary())
+    let out = std::process::Command::new(warren_binary())
         .args(["--url", &server.url, "run", "--image", "appimg", "--memory-mib", "128"])
         .output()
         .expect("run the warren CLI");

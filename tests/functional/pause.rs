@@ -193,22 +193,12 @@ async fn paused_memory_counts_as_reclaimable_in_the_books() {
     server.finish().await;
 }
 
-/// The `warren` CLI beside this test binary (or `WARREN_BIN`).
-fn warren_cli() -> PathBuf {
-    if let Some(path) = std::env::var_os("WARREN_BIN") {
-        return PathBuf::from(path);
-    }
-    let exe = std::env::current_exe().expect("the test executable has a path");
-    let deps = exe.parent().expect("the test executable has a directory");
-    [deps.join("warren"), deps.join("../warren")].into_iter().find(|p| p.is_file()).expect("the warren binary is built")
-}
-
 #[tokio::test]
 async fn cli_pauses_and_resumes_sandboxes() {
     let server = TestServer::start().await;
     let sb = server.create_small().await;
     let run = |verb: &str| {
-        let out = std::process::Command::new(warren_cli())
+        let out = std::process::Command::new(warren_binary())
             .args(["--url", &server.url, "sandbox", verb, &sb.id])
             .output()
             .expect("run the warren CLI");

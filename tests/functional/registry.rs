@@ -568,7 +568,7 @@ async fn a_node_credentials_file_authenticates_pulls_that_bring_none() {
 /// asserting success.
 fn cli(server: &TestServer, args: &[&str], stdin: &str, env: &[(&str, &Path)]) -> String {
     use std::io::Write;
-    let mut child = Command::new(warren_cli_binary())
+    let mut child = Command::new(warren_binary())
         .args(["--url", &server.url])
         .args(args)
         .envs(env.iter().map(|(k, v)| (*k, *v)))

@@ -26,7 +26,7 @@ pub use api::{
     api_error_mismatch, assert_api_error, b64, chunked_body, end_result, frame_bytes, from_json, pattern, small,
     stderr, stdout, FrameReader,
 };
-pub use server::{warren_cli_binary, Launch, TestServer, IMAGE};
+pub use server::{warren_binary, Launch, TestServer, IMAGE};
 use tokio::time::{sleep, Instant};
 pub use warren_api as wire;
 

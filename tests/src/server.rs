@@ -76,12 +76,6 @@ fn http_client(headers: &[(String, String)]) -> reqwest::Client {
     reqwest::Client::builder().no_proxy().default_headers(map).build().expect("build an HTTP client")
 }
 
-/// The `warren` binary the tests run (beside the test executable, or
-/// `WARREN_BIN`), for tests that drive the CLI.
-pub fn warren_cli_binary() -> PathBuf {
-    warren_binary()
-}
-
 /// The `warren` binary the tests run (`WARREN_BIN`, else beside the test executable).
 pub fn warren_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("WARREN_BIN") {
