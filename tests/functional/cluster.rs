@@ -91,10 +91,12 @@ async fn a_cluster_places_routes_and_survives_its_failures() {
     }
     let listed = apis[1].list(None).await;
     assert_eq!(listed.len(), 9, "the list merges every node's");
+    let (code, answer) = apis[1].call(Method::GET, "/v1/sandboxes?state=sleepy", None).await;
+    assert_api_error(code, &answer, warren_api::ErrorCode::InvalidRequest, Some("state"));
     // `warren cluster status`, as an operator would ask (the counts are
     // the nodes' own, as of their last heartbeat).
     wait_status(&apis[0], "nine running", |s| s.running == 9).await;
-    let cli = Command::new(warren_tests::server::warren_binary())
+    let cli = Command::new(warren_binary())
         .args(["--json", "cluster", "status"])
         .env("WARREN_URL", &apis[0].url)
         .output()

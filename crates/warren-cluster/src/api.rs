@@ -197,20 +197,23 @@ async fn unsupported(request: Request) -> Response {
 
 async fn cluster_status(State(s): State<ApiState>) -> Response {
     let nodes = s.nodes.all();
-    let lost = match lost_count(&s.etcd, &nodes).await {
-        Ok(n) => n,
+    let lost = match lost_sandboxes(&s.etcd, &nodes).await {
+        Ok(lost) => lost.len() as u64,
         Err(e) => return store_error(e),
     };
     Json(summarise(nodes, lost)).into_response()
 }
 
-async fn lost_count(etcd: &Etcd, live: &[NodeStatus]) -> Result<u64, ClusterError> {
+/// The sandboxes given up with lost nodes (`live` are the nodes registered
+/// now), as clients see them, from their placement records.
+async fn lost_sandboxes(etcd: &Etcd, live: &[NodeStatus]) -> Result<Vec<SandboxInfo>, ClusterError> {
     let live: BTreeSet<String> = live.iter().map(|n| n.name.clone()).collect();
     etcd.call(move |s| {
         Ok(s.list_json::<PlacementRecord>(Table::Placements, "")?
             .into_iter()
             .filter(|(_, r)| r.lost_at_ms.is_some() && !live.contains(&r.placement.node))
-            .count() as u64)
+            .map(|(_, r)| r.lost_info())
+            .collect())
     })
     .await
 }
@@ -763,39 +766,30 @@ async fn list(State(s): State<ApiState>, Extension(caller): Extension<Caller>, R
         };
         let request = s.http.get(url).header(token::HEADER, s.token.as_str()).send();
         async move {
-            let response = request.await.map_err(|e| format!("node {}: {e}", node.name))?;
+            let unreachable = |e: reqwest::Error| (None, e.to_string());
+            let response = request.await.map_err(unreachable)?;
             let status = response.status();
-            let bytes = response.bytes().await.map_err(|e| format!("node {}: {e}", node.name))?;
+            let bytes = response.bytes().await.map_err(unreachable)?;
             if !status.is_success() {
-                return Err(format!("node {} answered {status}: {}", node.name, String::from_utf8_lossy(&bytes)));
+                return Err((Some(status), String::from_utf8_lossy(&bytes).into_owned()));
             }
-            serde_json::from_slice::<SandboxList>(&bytes).map_err(|e| format!("node {}: {e}", node.name))
+            serde_json::from_slice::<SandboxList>(&bytes).map_err(|e| (None, e.to_string()))
         }
     });
     for (node, answer) in nodes.iter().zip(futures_util::future::join_all(calls).await) {
         match answer {
             Ok(list) => all.extend(list.sandboxes),
-            // A bad filter is the client's: every node says the same.
-            Err(e) if e.contains("400") => {
-                return error(ErrorCode::InvalidRequest, e, None);
+            // A bad filter is the client's: every node says the same, so
+            // its answer (naming the field) is the client's answer.
+            Err((Some(StatusCode::BAD_REQUEST), body)) => {
+                return (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], body).into_response();
             }
-            Err(e) => return error(ErrorCode::NodeUnavailable, format!("cannot list node {}: {e}", node.name), None),
+            Err((_, e)) => {
+                return error(ErrorCode::NodeUnavailable, format!("cannot list node {}: {e}", node.name), None)
+            }
         }
     }
-    // Sandboxes of lost nodes, from their records.
-    let live: BTreeSet<String> = nodes.iter().map(|n| n.name.clone()).collect();
-    let lost = s
-        .etcd
-        .call(move |st| {
-            Ok(st
-                .list_json::<PlacementRecord>(Table::Placements, "")?
-                .into_iter()
-                .filter(|(_, r)| r.lost_at_ms.is_some() && !live.contains(&r.placement.node))
-                .map(|(_, r)| r.lost_info())
-                .collect::<Vec<_>>())
-        })
-        .await;
-    match lost {
+    match lost_sandboxes(&s.etcd, &nodes).await {
         Ok(lost) => all.extend(lost.into_iter().filter(|info| {
             wanted_state.is_none_or(|st| st == SandboxState::Ended)
                 && label.as_ref().is_none_or(|(k, v)| info.labels.get(k) == Some(v))
@@ -818,16 +812,21 @@ async fn list(State(s): State<ApiState>, Extension(caller): Extension<Caller>, R
     Json(SandboxList { sandboxes: all }).into_response()
 }
 
+/// A query's `name=value` pairs, decoded (none for a malformed query: the
+/// node it goes to rejects that, naming the field).
+fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
+    query.and_then(|q| serde_urlencoded::from_str(q).ok()).unwrap_or_default()
+}
+
 /// Whether a query sets `name=true`.
 fn list_flag(query: Option<&str>, name: &str) -> bool {
-    let pairs: Vec<(String, String)> = query.and_then(|q| serde_urlencoded::from_str(q).ok()).unwrap_or_default();
-    pairs.iter().any(|(k, v)| k == name && v == "true")
+    query_pairs(query).iter().any(|(k, v)| k == name && v == "true")
 }
 
 /// `state` and `label` of a list query (the nodes check them; this
 /// filters the lost nodes' sandboxes alike).
 fn list_filters(query: Option<&str>) -> (Option<SandboxState>, Option<(String, String)>) {
-    let pairs: Vec<(String, String)> = query.and_then(|q| serde_urlencoded::from_str(q).ok()).unwrap_or_default();
+    let pairs = query_pairs(query);
     let state = pairs
         .iter()
         .find(|(k, _)| k == "state")

@@ -57,7 +57,10 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, HttpError> {
         let query = parts.uri.query().unwrap_or_default();
-        serde_urlencoded::from_str(query).map(ApiQuery).map_err(|e| HttpError(named(String::new(), e)))
+        let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
+        serde_path_to_error::deserialize(de)
+            .map(ApiQuery)
+            .map_err(|e| HttpError(named(e.path().to_string(), e.into_inner())))
     }
 }
 
@@ -77,5 +80,16 @@ mod tests {
         assert_eq!(named(e.path().to_string(), e.into_inner()).field.as_deref(), Some("cpus"));
         let e = serde_urlencoded::from_str::<warren_api::PathQuery>("").unwrap_err();
         assert_eq!(named(String::new(), e).field.as_deref(), Some("path"));
+    }
+
+    #[tokio::test]
+    async fn query_errors_name_the_field() {
+        let query = |uri: &'static str| async move {
+            let (mut parts, ()) = axum::http::Request::builder().uri(uri).body(()).unwrap().into_parts();
+            ApiQuery::<crate::handlers::ListQuery>::from_request_parts(&mut parts, &()).await.err().map(|e| e.0.field)
+        };
+        assert_eq!(query("/v1/sandboxes?state=sleepy").await, Some(Some("state".into())));
+        assert_eq!(query("/v1/sandboxes?colour=red").await, Some(Some("colour".into())));
+        assert_eq!(query("/v1/sandboxes?state=running&label=a%3Db").await, None);
     }
 }
