@@ -39,8 +39,8 @@ use self::spawn::{FirstInit, SetupChannel};
 use self::state::{HandleState, Layout, ProcessId, SlotBook};
 use self::teardown::{cgroup_err, Remains};
 use crate::{
-    BackendError, Driver, EventBatch, ExecProcess, ExecSpec, FsRoot, LimitCounters, Liveness, PhaseRules, Result,
-    SandboxHandle, SandboxSpec, SweepReport,
+    check_id, BackendError, Driver, EventBatch, ExecProcess, ExecSpec, FsRoot, LimitCounters, Liveness, PhaseRules,
+    Result, SandboxHandle, SandboxSpec, SweepReport,
 };
 
 /// Nothing stays "creating" longer than this.
@@ -52,7 +52,6 @@ const PAUSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// PID 1's `oom_score_adj`: the OOM killer takes the sandbox's commands
 /// before its init. Init resets it to 0 for the commands it starts.
 const PID1_OOM_SCORE_ADJ: &str = "-998";
-const MAX_ID_BYTES: usize = 40;
 
 #[derive(Debug, Clone)]
 pub struct ContainerConfig {
@@ -477,18 +476,6 @@ fn build_spec(layout: &Layout, spec: &SandboxSpec) -> Result<BuildSpec> {
     })
 }
 
-/// Ids name directories and cgroups: `[a-z0-9-]`, 1 to 40 bytes.
-fn check_id(id: &str) -> Result<()> {
-    let valid = !id.is_empty()
-        && id.len() <= MAX_ID_BYTES
-        && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    if valid {
-        Ok(())
-    } else {
-        Err(BackendError::Setup(format!("invalid sandbox id {id:?}: use 1-{MAX_ID_BYTES} of [a-z0-9-]")))
-    }
-}
-
 fn disk_used(rw: &Path) -> Result<u64> {
     let stat = rustix::fs::statvfs(rw).map_err(|e| BackendError::io(format!("statvfs {}", rw.display()), e.into()))?;
     Ok(stat.f_blocks.saturating_sub(stat.f_bfree).saturating_mul(stat.f_frsize))
@@ -523,17 +510,4 @@ fn become_subreaper() -> Result<()> {
         rustix::process::set_child_subreaper(Some(rustix::process::getpid())).map_err(|e| io::Error::from(e).kind())
     });
     done.map_err(|kind| BackendError::io("PR_SET_CHILD_SUBREAPER", kind.into()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_are_checked_before_they_name_paths() {
-        assert!(check_id("sb-1").is_ok());
-        for bad in ["", "../x", "A", "a/b", "a.b", &"x".repeat(41)] {
-            assert!(check_id(bad).is_err(), "{bad:?}");
-        }
-    }
 }

@@ -286,3 +286,32 @@ pub struct LimitCounters {
 pub struct SweepReport {
     pub sandboxes_removed: Vec<String>,
 }
+
+/// Longest sandbox id a driver accepts.
+const MAX_ID_BYTES: usize = 40;
+
+/// Ids name directories and cgroups: `[a-z0-9-]`, 1 to 40 bytes. Every
+/// driver checks them before an id becomes part of a path.
+pub(crate) fn check_id(id: &str) -> Result<()> {
+    let valid = !id.is_empty()
+        && id.len() <= MAX_ID_BYTES
+        && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if valid {
+        Ok(())
+    } else {
+        Err(BackendError::Setup(format!("invalid sandbox id {id:?}: use 1-{MAX_ID_BYTES} of [a-z0-9-]")))
+    }
+}
+
+#[cfg(test)]
+mod id_tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_checked_before_they_name_paths() {
+        assert!(check_id("sb-1").is_ok());
+        for bad in ["", "../x", "A", "a/b", "a.b", &"x".repeat(41)] {
+            assert!(check_id(bad).is_err(), "{bad:?}");
+        }
+    }
+}

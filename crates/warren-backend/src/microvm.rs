@@ -57,7 +57,8 @@ pub use self::qemu::{Accel, AccelChoice, Machine};
 use self::qemu::{ConsoleTail, VmSpec};
 use crate::container::channel;
 use crate::{
-    BackendError, Driver, EventBatch, ExecProcess, ExecSpec, Liveness, Result, SandboxHandle, SandboxSpec, SweepReport,
+    check_id, BackendError, Driver, EventBatch, ExecProcess, ExecSpec, Liveness, Result, SandboxHandle, SandboxSpec,
+    SweepReport,
 };
 
 /// A TCG boot of this kernel to init takes about two seconds here; a loaded
@@ -76,7 +77,6 @@ pub const QEMU_OVERHEAD_MIB: u64 = 256;
 pub const MIN_MEMORY_MIB: u64 = 128;
 /// QEMU's threads (vCPUs, I/O, RCU); nothing in the guest counts here.
 const QEMU_PIDS: u32 = 64;
-const MAX_ID_BYTES: usize = 40;
 
 #[derive(Debug, Clone)]
 pub struct MicroVmConfig {
@@ -586,17 +586,6 @@ impl Driver for MicroVmDriver {
 /// guest's console in the error).
 fn has_systemd(layers: &[PathBuf]) -> bool {
     layers.iter().any(|layer| SYSTEMD_PATHS.iter().any(|p| fs::symlink_metadata(layer.join(p)).is_ok()))
-}
-
-fn check_id(id: &str) -> Result<()> {
-    let valid = !id.is_empty()
-        && id.len() <= MAX_ID_BYTES
-        && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    if valid {
-        Ok(())
-    } else {
-        Err(BackendError::Setup(format!("invalid sandbox id {id:?}: use 1-{MAX_ID_BYTES} of [a-z0-9-]")))
-    }
 }
 
 fn cgroup_err(e: warren_guard::cgroup::CgroupError) -> BackendError {
