@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod guest;
 pub mod iam;
 pub mod leaks;
+pub mod parity;
 pub mod rootfs;
 pub mod server;
 

@@ -5,10 +5,16 @@
 //! same image and shape when there is one, else made for it - and the
 //! worker is destroyed when the exec ends, so no exec sees what another
 //! wrote or left running. What needs state between calls (sessions, files,
-//! phases, egress policies, `pack_diff`, security events) answers the
-//! driver's typed `unsupported` error.
+//! phases, egress policies, `pack_diff`) answers the driver's typed
+//! `unsupported` error.
+//!
+//! What a function sandbox does keep: the security events of its workers
+//! (pulled from each worker's init before the exec's end is reported, so a
+//! client that reads the events after the result sees them), and a pause
+//! that freezes the workers running its execs (an exec started while the
+//! sandbox is paused resumes it first, as for every backend).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -17,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use warren_api::{Backend, NetworkMode, Resources, Usage};
 use warren_backend::{
-    BackendError, Driver, ExecControl, ExecEvent, ExecProcess, ExecSpec, Liveness, Result, SandboxHandle, SandboxSpec,
-    SweepReport,
+    BackendError, Driver, EventBatch, ExecControl, ExecEvent, ExecProcess, ExecSpec, Liveness, Result, SandboxHandle,
+    SandboxSpec, SecurityEvent, SweepReport,
 };
 
 use super::{Functions, Worker};
@@ -38,23 +44,53 @@ pub(crate) struct FunctionDriver {
     running: Arc<Running>,
 }
 
-/// Workers running an exec, per function sandbox, with the way to kill
-/// each one's tree: a destroyed sandbox kills them.
+/// Per function sandbox: the workers running its execs (with the way to
+/// kill each one's tree: a destroyed sandbox kills them) and the security
+/// events its finished workers reported.
 #[derive(Default)]
-struct Running(Mutex<HashMap<String, HashMap<String, mpsc::Sender<ExecControl>>>>);
+struct Running(Mutex<HashMap<String, SandboxWork>>);
+
+#[derive(Default)]
+struct SandboxWork {
+    workers: HashMap<String, (SandboxHandle, mpsc::Sender<ExecControl>)>,
+    events: VecDeque<SecurityEvent>,
+    /// `seq` of the last event kept (the sandbox's own numbering).
+    last_seq: u64,
+    /// Events dropped from the front of the bounded ring.
+    dropped: u64,
+}
+
+impl SandboxWork {
+    fn keep(&mut self, events: Vec<SecurityEvent>) {
+        for mut event in events {
+            self.last_seq += 1;
+            event.seq = self.last_seq;
+            if self.events.len() == EVENTS_KEPT {
+                self.events.pop_front();
+                self.dropped += 1;
+            }
+            self.events.push_back(event);
+        }
+    }
+}
+
+/// Events kept per function sandbox, as the node keeps per sandbox.
+const EVENTS_KEPT: usize = crate::events::RING_CAPACITY;
 
 impl Running {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<String, mpsc::Sender<ExecControl>>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, SandboxWork>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn remove(&self, sandbox: &str, worker: &str) {
-        let mut map = self.map();
-        if let Some(workers) = map.get_mut(sandbox) {
-            workers.remove(worker);
-            if workers.is_empty() {
-                map.remove(sandbox);
-            }
+    fn worker_handles(&self, sandbox: &str) -> Vec<SandboxHandle> {
+        self.map().get(sandbox).map(|w| w.workers.values().map(|(h, _)| h.clone()).collect()).unwrap_or_default()
+    }
+
+    /// Lets the worker go and keeps what it reported.
+    fn finish(&self, sandbox: &str, worker: &str, events: Vec<SecurityEvent>) {
+        if let Some(work) = self.map().get_mut(sandbox) {
+            work.workers.remove(worker);
+            work.keep(events);
         }
     }
 }
@@ -98,21 +134,28 @@ impl FunctionDriver {
 }
 
 /// Pumps one exec between the node and its worker, then lets the worker go
-/// (which destroys it).
+/// (which destroys it). The worker's security events are pulled before the
+/// exec's last event is passed on.
 async fn forward(
     mut inner: ExecProcess,
     mut control: mpsc::Receiver<ExecControl>,
     events: mpsc::Sender<ExecEvent>,
     worker: Worker,
+    container: Arc<dyn Driver>,
     sandbox: String,
     running: Arc<Running>,
 ) {
+    let mut last_event = None;
     loop {
         tokio::select! {
             ev = inner.events.recv() => {
                 let last = !matches!(ev, Some(ExecEvent::Started { .. } | ExecEvent::Stdout(_) | ExecEvent::Stderr(_)));
                 let ev = ev.unwrap_or_else(|| ExecEvent::Lost("the worker's channel closed".into()));
-                if events.send(ev).await.is_err() || last {
+                if last {
+                    last_event = Some(ev);
+                    break;
+                }
+                if events.send(ev).await.is_err() {
                     break;
                 }
             }
@@ -125,8 +168,13 @@ async fn forward(
             },
         }
     }
-    running.remove(&sandbox, &worker.handle.id);
+    // A worker that cannot answer any more reported nothing more.
+    let reported = container.events(&worker.handle, 0).await.map(|b| b.events).unwrap_or_default();
+    running.finish(&sandbox, &worker.handle.id, reported);
     drop(worker);
+    if let Some(ev) = last_event {
+        let _ = events.send(ev).await;
+    }
 }
 
 #[async_trait]
@@ -161,15 +209,62 @@ impl Driver for FunctionDriver {
             .map()
             .entry(handle.id.clone())
             .or_default()
-            .insert(worker.handle.id.clone(), inner.control.clone());
-        tokio::spawn(forward(inner, control_rx, events_tx, worker, handle.id.clone(), Arc::clone(&self.running)));
+            .workers
+            .insert(worker.handle.id.clone(), (worker.handle.clone(), inner.control.clone()));
+        let container = Arc::clone(&self.functions.container);
+        tokio::spawn(forward(
+            inner,
+            control_rx,
+            events_tx,
+            worker,
+            container,
+            handle.id.clone(),
+            Arc::clone(&self.running),
+        ));
         Ok(ExecProcess { events: events_rx, control: control_tx })
     }
 
     async fn destroy(&self, handle: &SandboxHandle) -> Result<()> {
-        let workers = self.running.map().remove(&handle.id).unwrap_or_default();
-        for kill in workers.into_values() {
+        let work = self.running.map().remove(&handle.id).unwrap_or_default();
+        for (worker, kill) in work.workers.into_values() {
+            // A frozen worker could not die of the kill.
+            let _ = self.functions.container.resume(&worker);
             let _ = kill.send(ExecControl::Kill).await;
+        }
+        Ok(())
+    }
+
+    async fn events(&self, handle: &SandboxHandle, after_seq: u64) -> Result<EventBatch> {
+        let _ = Self::state(handle)?;
+        let map = self.running.map();
+        let Some(work) = map.get(&handle.id) else {
+            return Ok(EventBatch { events: Vec::new(), dropped: 0, next_seq: after_seq });
+        };
+        let events: Vec<SecurityEvent> = work.events.iter().filter(|e| e.seq > after_seq).cloned().collect();
+        Ok(EventBatch { events, dropped: work.dropped, next_seq: work.last_seq })
+    }
+
+    /// Freezes the workers running the sandbox's execs; with none running
+    /// there is nothing to stop and the pause is the state alone.
+    fn pause(&self, handle: &SandboxHandle) -> Result<()> {
+        let _ = Self::state(handle)?;
+        for worker in self.running.worker_handles(&handle.id) {
+            match self.functions.container.pause(&worker) {
+                // A worker whose exec ended meanwhile is being destroyed.
+                Ok(()) | Err(BackendError::Gone) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn resume(&self, handle: &SandboxHandle) -> Result<()> {
+        let _ = Self::state(handle)?;
+        for worker in self.running.worker_handles(&handle.id) {
+            match self.functions.container.resume(&worker) {
+                Ok(()) | Err(BackendError::Gone) => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }

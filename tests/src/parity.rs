@@ -1,0 +1,385 @@
+//! The parity suite: one set of behavioural cases that every backend
+//! (`function`, `container`, `microvm`, `vm`) passes the same way, so that
+//! moving a task between backends is one parameter. `tests/functional/
+//! parity.rs` runs it once per backend.
+//!
+//! The cases: exec (argv and shell forms, environment, exit codes and
+//! signals, cwd, stdin, separate streams, ordered streaming, a deadline
+//! that kills the whole tree and keeps the partial output, capped output
+//! with head, tail and a count of what was dropped, kill of a running
+//! exec, a missing program naming its field), limits (memory -> `oom`,
+//! a full disk -> `ENOSPC` inside, the sandbox usable after both),
+//! sessions, files (round trip, typed errors, `..` and symlinks that stay
+//! inside), security events, pause and resume, and the typed end reasons
+//! `idle_timeout`, `lifetime` and `deleted`.
+//!
+//! Where a backend differs by design the difference is asserted, not
+//! skipped: a function sandbox keeps no state between calls, so sessions
+//! and files answer the typed `unsupported` error naming the backend, and
+//! its hostname is its worker's (a worker is made before anyone asks for
+//! it), not the sandbox id.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use warren_api::{
+    Backend, EndReason, ErrorCode, ExecFrame, ExecRequest, ExecResult, ExecStatus, FileKind, FileList, FileStat,
+    SandboxInfo, SandboxState, StreamName,
+};
+
+use crate::guest::pause_or_resume;
+use crate::{
+    assert_api_error, b64, chunked_body, end_result, frame_bytes, from_json, pattern, stderr, stdout, TestServer,
+};
+
+/// How one backend's sandboxes are asked for.
+pub struct Subject<'a> {
+    pub server: &'a TestServer,
+    pub backend: Backend,
+    /// The create request (backend, image, resources), `env` and the
+    /// timers are added per case.
+    pub create: Value,
+}
+
+impl Subject<'_> {
+    fn memory_mib(&self) -> u64 {
+        self.create["memory_mib"].as_u64().expect("the create request names memory_mib")
+    }
+
+    fn disk_mib(&self) -> u64 {
+        self.create["disk_mib"].as_u64().expect("the create request names disk_mib")
+    }
+
+    /// Whether calls share state (a function sandbox's do not).
+    fn stateful(&self) -> bool {
+        self.backend != Backend::Function
+    }
+
+    async fn create_with(&self, extra: Value) -> SandboxInfo {
+        let mut body = self.create.clone();
+        if let (Some(base), Value::Object(extra)) = (body.as_object_mut(), extra) {
+            base.extend(extra);
+        }
+        let (status, answer) = self.server.try_create(&body).await;
+        assert_eq!(
+            status,
+            StatusCode::CREATED,
+            "{:?} create failed: {answer}\nlog:\n{}",
+            self.backend,
+            self.server.log_tail(30)
+        );
+        let info: SandboxInfo = from_json(answer);
+        assert_eq!((info.backend, info.state), (self.backend, SandboxState::Running), "{info:?}");
+        info
+    }
+
+    /// The main sandbox of the suite, with `FROM_SANDBOX=s` in its environment.
+    pub async fn create(&self) -> SandboxInfo {
+        self.create_with(json!({"env": {"FROM_SANDBOX": "s"}})).await
+    }
+}
+
+/// Every case on `id` (made by [`Subject::create`]), and the timer end
+/// reasons on sandboxes of their own; the caller deletes `id`.
+pub async fn run_all(subject: &Subject<'_>, id: &str) {
+    // The timers run while the cases do (a VM's boot is the slow part).
+    let timers = spawn_timer_sandboxes(subject).await;
+    exec_cases(subject, id).await;
+    limit_cases(subject, id).await;
+    session_cases(subject, id).await;
+    file_cases(subject, id).await;
+    event_cases(subject, id).await;
+    pause_cases(subject, id).await;
+    timer_ends(subject, timers).await;
+}
+
+fn with<F: FnOnce(&mut ExecRequest)>(mut req: ExecRequest, f: F) -> ExecRequest {
+    f(&mut req);
+    req
+}
+
+pub async fn exec_cases(subject: &Subject<'_>, id: &str) {
+    let server = subject.server;
+    // argv and shell forms, the sandbox's environment and hostname.
+    let r = server.exec_wait(id, &ExecRequest::argv(["printf", "%s|", "a b", "$HOME", "c"])).await;
+    assert_eq!(stdout(&r), "a b|$HOME|c|");
+    let r = server.sh(id, "echo $((6 * 7)) $FROM_SANDBOX; hostname").await;
+    let mut lines = stdout(&r).lines();
+    assert_eq!(lines.next(), Some("42 s"), "{r:?}");
+    let hostname = lines.next().unwrap_or_default();
+    match subject.stateful() {
+        true => assert_eq!(hostname, id, "the hostname is the sandbox id"),
+        false => assert!(!hostname.is_empty(), "a function worker has a hostname"),
+    }
+
+    // Exit codes and signals.
+    for (cmd, code) in [("exit 0", 0), ("exit 3", 3), ("exit 255", 255)] {
+        let r = server.sh(id, cmd).await;
+        assert_eq!((r.status, r.exit_code, r.signal), (ExecStatus::Ok, Some(code), None), "`{cmd}`");
+    }
+    let r = server.sh(id, "kill -9 $$").await;
+    assert_eq!((r.status, r.exit_code, r.signal), (ExecStatus::Ok, None, Some(9)), "{r:?}");
+
+    // cwd, stdin, separate streams.
+    let r = server.exec_wait(id, &with(ExecRequest::argv(["pwd"]), |r| r.cwd = Some("/tmp".into()))).await;
+    assert_eq!(stdout(&r), "/tmp\n");
+    let r = server.exec_wait(id, &with(ExecRequest::argv(["cat"]), |r| r.stdin = Some("line1\nü\n".into()))).await;
+    assert_eq!(stdout(&r), "line1\nü\n");
+    let r = server.sh(id, "echo out; echo err >&2; echo out2").await;
+    assert_eq!((stdout(&r), stderr(&r)), ("out\nout2\n", "err\n"));
+
+    // Streaming: ordered, contiguous frames on both streams.
+    let cmd = "i=0; while [ $i -lt 200 ]; do i=$((i+1)); echo out-$i; echo err-$i >&2; done";
+    let frames = server.exec_stream(id, &ExecRequest::shell(cmd)).await;
+    assert!(matches!(frames[0], ExecFrame::Started { .. }), "{:?}", frames[0]);
+    let want_out: String = (1..=200).map(|i| format!("out-{i}\n")).collect();
+    let want_err: String = (1..=200).map(|i| format!("err-{i}\n")).collect();
+    assert_eq!(String::from_utf8(frame_bytes(&frames, StreamName::Stdout)).expect("utf-8"), want_out);
+    assert_eq!(String::from_utf8(frame_bytes(&frames, StreamName::Stderr)).expect("utf-8"), want_err);
+
+    // A deadline kills the whole tree and keeps the partial output.
+    let req =
+        with(ExecRequest::argv(["sh", "-c", "sleep 1000 & echo started; sleep 1000"]), |r| r.timeout_secs = Some(2.0));
+    let r = server.exec_wait(id, &req).await;
+    assert_eq!((r.status, stdout(&r)), (ExecStatus::TimedOut, "started\n"), "{r:?}");
+    assert_no_sleep_left(server, id).await;
+
+    // Output past the cap keeps a head and a tail and counts everything.
+    let total: u64 = 5_000_000;
+    let req = with(ExecRequest::shell(format!("yes | head -c {total}")), |r| r.output_cap_bytes = Some(65_536));
+    let r = server.exec_wait(id, &req).await;
+    let out = &r.output.as_ref().expect("output").stdout;
+    assert_eq!((r.exit_code, out.total_bytes), (Some(0), total), "{r:?}");
+    assert!(out.dropped_bytes > 0, "{out:?}");
+    assert_eq!(b64(&out.data_b64).len() as u64 + out.dropped_bytes, total);
+
+    // Kill of a running exec.
+    let mut stream = server.exec_open(id, &ExecRequest::shell("echo first; sleep 1000")).await;
+    let exec_id = stream.exec_id().await;
+    assert!(matches!(stream.next().await, Some(ExecFrame::Output { offset: 0, .. })));
+    let (status, body) = server.kill_exec(id, &exec_id).await;
+    assert_eq!(status.as_u16(), 202, "{body}");
+    assert_eq!(end_result(&stream.collect().await).status, ExecStatus::Killed);
+    assert_no_sleep_left(server, id).await;
+
+    // A missing program names the field.
+    let (status, body) = server.try_exec_wait(id, &json!({"argv": ["/no/such/program"]})).await;
+    assert_api_error(status, &body, ErrorCode::InvalidRequest, Some("argv"));
+}
+
+/// Memory and disk: the command that passes the limit fails in the typed
+/// way, and the sandbox goes on.
+pub async fn limit_cases(subject: &Subject<'_>, id: &str) {
+    let server = subject.server;
+    // `tail` keeps everything after the last newline; /dev/zero has none.
+    let r = server.sh(id, &format!("head -c {}m /dev/zero | tail", 4 * subject.memory_mib())).await;
+    assert_eq!(r.status, ExecStatus::Oom, "{r:?}");
+    assert_eq!(server.sh_ok(id, "echo alive").await, "alive\n", "the sandbox outlives its command's OOM kill");
+
+    let r =
+        server.sh(id, &format!("dd if=/dev/zero of=/fill bs=1M count={}; rm -f /fill", subject.disk_mib() + 32)).await;
+    assert!(stderr(&r).contains("No space left"), "a write past the disk size fails with ENOSPC: {r:?}");
+    assert_eq!(server.sh_ok(id, "echo fits > /small && cat /small").await, "fits\n", "the disk has room again");
+    assert_eq!(server.get(id).await.state, SandboxState::Running);
+}
+
+pub async fn session_cases(subject: &Subject<'_>, id: &str) {
+    let server = subject.server;
+    if !subject.stateful() {
+        let (status, body) =
+            server.call(Method::POST, &format!("/v1/sandboxes/{id}/sessions"), Some(&json!({"cwd": "/"}))).await;
+        assert_unsupported(subject.backend, status, &body);
+        return;
+    }
+    let session = server.create_session(id, json!({"cwd": "/"})).await;
+    let r = server.session_exec(id, &session.id, "cd /tmp && export GREETING=hi").await;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let r = server.session_exec(id, &session.id, "echo $PWD $GREETING").await;
+    assert_eq!(stdout(&r), "/tmp hi\n", "cwd and exports persist across a session's commands");
+    let r = server.sh(id, "echo [$GREETING]").await;
+    assert_eq!(stdout(&r), "[]\n", "a plain exec does not see the session's exports");
+}
+
+const MIB: usize = 1 << 20;
+
+pub async fn file_cases(subject: &Subject<'_>, id: &str) {
+    let server = subject.server;
+    if !subject.stateful() {
+        let (status, body) = server.put_file(id, "/tmp/x", "x", None).await;
+        assert_unsupported(subject.backend, status, &body);
+        let (status, body) = server.stat(id, "/tmp").await;
+        assert_unsupported(subject.backend, status, &body);
+        return;
+    }
+    let (status, body) = server.mkdir(id, json!({"path": "/work", "parents": true})).await;
+    assert!(status == StatusCode::CREATED || status == StatusCode::CONFLICT, "{status} {body}");
+
+    // Round trip, streamed both ways.
+    let data = pattern(3 * MIB + 123);
+    let (status, body) = server.put_file(id, "/work/blob.bin", chunked_body(&data), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let stat: FileStat = from_json(body);
+    assert_eq!((stat.path.as_str(), stat.kind, stat.size_bytes), ("/work/blob.bin", FileKind::File, data.len() as u64));
+    let (status, got) = server.get_file(id, "/work/blob.bin").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(got.as_ref() == data.as_slice(), "downloaded {} bytes differ from the {} uploaded", got.len(), data.len());
+    assert_eq!(server.sh_ok(id, "wc -c < /work/blob.bin").await.trim(), data.len().to_string());
+
+    // stat, list, mkdir, remove and their typed errors.
+    let (status, body) = server.mkdir(id, json!({"path": "/work/a/b", "parents": true})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = server.mkdir(id, json!({"path": "/work/a/b"})).await;
+    assert_api_error(status, &body, ErrorCode::FileConflict, Some("path"));
+    server.put_file_ok(id, "/work/a/b/x.txt", "hello").await;
+    let (status, body) = server.list_dir(id, "/work/a/b").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let entries: Vec<(String, u64)> =
+        from_json::<FileList>(body).entries.iter().map(|e| (e.path.clone(), e.size_bytes)).collect();
+    assert_eq!(entries, vec![("/work/a/b/x.txt".to_string(), 5)]);
+    let (status, body) = server.stat(id, "/work/nope").await;
+    assert_api_error(status, &body, ErrorCode::FileNotFound, Some("path"));
+    let (status, body) = server.remove_file(id, "/work/a", false).await;
+    assert_api_error(status, &body, ErrorCode::FileConflict, Some("path"));
+    let (status, body) = server.remove_file(id, "/work/a", true).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    assert_eq!(server.sh_ok(id, "ls -A /work").await, "blob.bin\n", "the tree is gone inside too");
+
+    // `..` and symlinks resolve inside the sandbox's root, never above it.
+    server.sh_ok(id, "ln -s / /evil && ln -s ../../../../ /up && echo inside > /tmp/t").await;
+    for path in ["/evil/tmp/t", "/up/up/tmp/t", "/../../../../tmp/t"] {
+        let (status, body) = server.get_file(id, path).await;
+        assert_eq!((status, body.as_ref()), (StatusCode::OK, b"inside\n".as_slice()), "{path}");
+    }
+    let (status, body) = server.put_file(id, "/up/../tmp/via-up.txt", "landed", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(server.sh_ok(id, "cat /tmp/via-up.txt").await, "landed");
+}
+
+/// Refused system calls become security events, read after the result.
+pub async fn event_cases(subject: &Subject<'_>, id: &str) {
+    let server = subject.server;
+    let r = server.sh(id, "mkdir -p /mnt/x && mount -t tmpfs none /mnt/x; unshare -n true; echo done").await;
+    assert_eq!(stdout(&r), "done\n", "{r:?}");
+    let (status, list) = server.call(Method::GET, &format!("/v1/sandboxes/{id}/events?after_seq=0"), None).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let syscalls: Vec<&str> =
+        list["events"].as_array().expect("events").iter().filter_map(|e| e["syscall"].as_str()).collect();
+    for wanted in ["mount", "unshare"] {
+        assert!(syscalls.contains(&wanted), "{:?}: no `{wanted}` event in {syscalls:?}", subject.backend);
+    }
+}
+
+/// How long the ticker is watched running, and paused.
+const WINDOW: Duration = Duration::from_secs(3);
+/// Prints a line about every 10 ms for as long as it runs.
+const TICKER: &str = "i=0; while :; do i=$((i+1)); echo $i; sleep 0.01; done";
+
+/// A running exec makes no progress while its sandbox is paused (what it
+/// printed across a paused window is less than across as long a running
+/// one); reading the sandbox or its exec does not resume it; the next exec
+/// does.
+pub async fn pause_cases(subject: &Subject<'_>, id: &str) {
+    let server = subject.server;
+    let mut ticker = server.exec_open(id, &ExecRequest::shell(TICKER)).await;
+    let ticker_id = ticker.exec_id().await;
+    assert!(matches!(ticker.next().await, Some(ExecFrame::Output { .. })), "the ticker prints");
+    drop(ticker);
+
+    let before_run = printed(server, id, &ticker_id).await;
+    tokio::time::sleep(WINDOW).await;
+    let ran = printed(server, id, &ticker_id).await - before_run;
+
+    pause_or_resume(server, id, "pause", SandboxState::Paused).await;
+    let before_pause = printed(server, id, &ticker_id).await;
+    tokio::time::sleep(WINDOW).await;
+    let across_pause = printed(server, id, &ticker_id).await - before_pause;
+    assert_eq!(server.get(id).await.state, SandboxState::Paused, "neither GET nor the probe ends the pause");
+    pause_or_resume(server, id, "pause", SandboxState::Paused).await;
+    eprintln!("{:?}: the ticker printed {ran} bytes running, {across_pause} paused", subject.backend);
+    assert!(across_pause < ran, "the ticker ran while paused: {across_pause} bytes paused, {ran} running");
+
+    pause_or_resume(server, id, "resume", SandboxState::Running).await;
+    let resumed = printed(server, id, &ticker_id).await;
+    moves_past(server, id, &ticker_id, resumed).await;
+
+    // The next exec resumes a paused sandbox, and the ticker moves on.
+    pause_or_resume(server, id, "pause", SandboxState::Paused).await;
+    let paused_at = printed(server, id, &ticker_id).await;
+    assert_eq!(server.sh_ok(id, "echo awake").await, "awake\n");
+    assert_eq!(server.get(id).await.state, SandboxState::Running);
+    moves_past(server, id, &ticker_id, paused_at).await;
+
+    let (status, body) = server.kill_exec(id, &ticker_id).await;
+    assert_eq!(status.as_u16(), 202, "{body}");
+    let ended = server.wait_exec(id, &ticker_id, Duration::from_secs(60)).await;
+    assert_eq!(ended.status, ExecStatus::Killed, "{ended:?}");
+}
+
+/// Bytes the exec printed so far (its record, which does not resume the sandbox).
+async fn printed(server: &TestServer, id: &str, exec_id: &str) -> u64 {
+    let r: ExecResult = server.get_exec(id, exec_id).await;
+    r.output.as_ref().map_or(0, |o| o.stdout.total_bytes)
+}
+
+async fn moves_past(server: &TestServer, id: &str, exec_id: &str, after: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = printed(server, id, exec_id).await;
+        if n > after {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the exec stays at {n} bytes, not past {after}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Sandboxes that end by their timers while the other cases run.
+pub struct TimerSandboxes {
+    idle: String,
+    lifetime: String,
+}
+
+/// Long enough for a full VM's boot to finish inside it: the lifetime
+/// counts from the create.
+const LIFETIME_SECS: u64 = 10;
+
+async fn spawn_timer_sandboxes(subject: &Subject<'_>) -> TimerSandboxes {
+    let (idle, lifetime) = tokio::join!(
+        subject.create_with(json!({"idle_timeout_secs": 2})),
+        subject.create_with(json!({"idle_timeout_secs": 3600, "lifetime_secs": LIFETIME_SECS})),
+    );
+    TimerSandboxes { idle: idle.id, lifetime: lifetime.id }
+}
+
+async fn timer_ends(subject: &Subject<'_>, timers: TimerSandboxes) {
+    let server = subject.server;
+    for (id, want) in [(&timers.idle, EndReason::IdleTimeout), (&timers.lifetime, EndReason::Lifetime)] {
+        let ended = server.wait_ended(id, Duration::from_secs(120)).await;
+        assert_eq!(ended.end_reason, Some(want), "{:?}: {ended:?}", subject.backend);
+        let (status, body) = server.try_exec_wait(id, &json!({"argv": ["true"]})).await;
+        assert_eq!(status, StatusCode::GONE, "an ended sandbox refuses execs: {body}");
+    }
+}
+
+fn assert_unsupported(backend: Backend, status: StatusCode, body: &Value) {
+    assert_api_error(status, body, ErrorCode::Unsupported, None);
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(message.contains(backend.as_str()), "the error names the backend {backend:?}: {body}");
+}
+
+/// Bounded: no `sleep 1000` of an exec left in the sandbox. Reads /proc, so
+/// it means the same on busybox and on a full Debian.
+async fn assert_no_sleep_left(server: &TestServer, id: &str) {
+    const COUNT: &str =
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 1000 $'; true";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = server.sh_ok(id, COUNT).await;
+        if left.trim() == "0" {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{} sleeps survive their exec", left.trim());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
