@@ -19,6 +19,7 @@
 //! caller reports what runs through [`UsageSource`]), or reveals whether a
 //! project or key it hides from the caller exists.
 
+mod delegation;
 mod error;
 mod gate;
 pub mod quota;
@@ -198,6 +199,16 @@ impl Iam {
         caller.may_act_on(&self.path_of(project))
     }
 
+    /// Whether any project on `id`'s path has a concurrency quota
+    /// (sandboxes, cpus or memory): only then can another API server's
+    /// create take room this one's needs.
+    pub fn has_concurrency_quota(&self, id: &str) -> Result<bool, IamError> {
+        Ok(self
+            .quota_path(id)?
+            .iter()
+            .any(|(_, q)| q.sandboxes.is_some() || q.cpus.is_some() || q.memory_mib.is_some()))
+    }
+
     /// The quota of every project on `id`'s path, root first.
     fn quota_path(&self, id: &str) -> Result<gate::QuotaPath, IamError> {
         let project = self.project(id)?;
@@ -216,21 +227,36 @@ impl Iam {
             other => other,
         })?;
         let _one_at_a_time = self.inner.creating.lock().unwrap_or_else(|p| p.into_inner());
-        let all = self.refresh()?;
-        let siblings: Vec<&ProjectRecord> = all.iter().filter(|p| p.parent.as_deref() == Some(&parent.id)).collect();
-        if siblings.iter().any(|p| p.name == req.name) {
-            return Err(IamError::invalid(
+        let id = format!("prj-{}", secret::random_hex(8)?);
+        let claim = delegation::Claim {
+            child: id.clone(),
+            name: req.name.clone(),
+            quota: req.quota.clone(),
+            at_ms: now_ms(),
+            void: false,
+        };
+        // Other servers may be making children of the same parent: the
+        // claim orders us among them (see `delegation`).
+        let slot = delegation::take_slot(self.store(), &parent.id, &claim)?;
+        let refused = |e: IamError| match delegation::void(self.store(), &parent.id, slot, &claim) {
+            Ok(()) => e,
+            Err(void_failed) => void_failed,
+        };
+        let all = self.refresh().map_err(refused)?;
+        let children: Vec<&ProjectRecord> = all.iter().filter(|p| p.parent.as_deref() == Some(&parent.id)).collect();
+        let before = delegation::before(self.store(), &parent.id, slot, &children, now_ms()).map_err(refused)?;
+        if before.iter().any(|(name, _)| *name == req.name) {
+            return Err(refused(IamError::invalid(
                 "name",
                 format!("project {} already has a child named {}", parent.id, req.name),
-            ));
+            )));
         }
         let mut delegated = Quota::default();
-        for s in &siblings {
-            quota::add_quota(&mut delegated, &s.quota);
+        for (_, q) in &before {
+            quota::add_quota(&mut delegated, q);
         }
         quota::check_delegation(&parent.quota, &delegated, &req.quota)
-            .map_err(|(kind, message)| IamError::invalid(format!("quota.{}", kind.as_str()), message))?;
-        let id = format!("prj-{}", secret::random_hex(8)?);
+            .map_err(|(kind, message)| refused(IamError::invalid(format!("quota.{}", kind.as_str()), message)))?;
         let mut path = parent.path.clone();
         path.push(id.clone());
         let record = ProjectRecord {
@@ -242,7 +268,7 @@ impl Iam {
             created_at_ms: now_ms(),
         };
         if self.store().put_json_if_absent(Table::Projects, &id, &record)?.is_some() {
-            return Err(IamError::Internal(format!("project id {id} was taken; retry")));
+            return Err(refused(IamError::Internal(format!("project id {id} was taken; retry"))));
         }
         self.inner.projects.write().unwrap_or_else(|p| p.into_inner()).insert(id, record.clone());
         tracing::info!(project = %record.id, parent = %parent.id, name = %record.name, "project created");
@@ -485,6 +511,80 @@ pub(crate) mod tests {
         assert!(matches!(iam.create_key(&b_key, &a.id, &CreateKeyRequest::default()), Err(IamError::NotFound { .. })));
         iam.revoke_key(&caller, &made.key.id).unwrap();
         assert!(matches!(iam.authenticate(&made.secret), Err(IamError::Unauthorized(_))));
+        drop(dir);
+    }
+
+    /// Another server's maker, between its claim and its child's record.
+    fn claim_elsewhere(iam: &Iam, parent: &str, name: &str, quota: Quota) -> (u64, delegation::Claim) {
+        let claim = delegation::Claim {
+            child: format!("prj-elsewhere-{name}"),
+            name: name.into(),
+            quota,
+            at_ms: now_ms(),
+            void: false,
+        };
+        (delegation::take_slot(iam.store(), parent, &claim).unwrap(), claim)
+    }
+
+    #[test]
+    fn a_child_being_made_elsewhere_counts_against_the_parent() {
+        let (dir, iam) = iam_in();
+        let root = Caller::root();
+        let parent = project(&iam, &root, "p", Quota { sandboxes: Some(4), ..Quota::default() });
+        let owner = Caller { project: parent.id.clone(), key_id: None };
+        let (slot, claim) = claim_elsewhere(&iam, &parent.id, "x", Quota { sandboxes: Some(3), ..Quota::default() });
+        let req = CreateProjectRequest {
+            name: "y".into(),
+            parent: None,
+            quota: Quota { sandboxes: Some(2), ..Quota::default() },
+        };
+        let refused = iam.create_project(&owner, &req).err().unwrap();
+        assert!(matches!(refused, IamError::Invalid { ref field, .. } if field == "quota.sandboxes"), "{refused:?}");
+        // The same name as a child being made elsewhere is taken too.
+        let same = CreateProjectRequest { name: "x".into(), parent: None, quota: Quota::default() };
+        let refused = iam.create_project(&owner, &same).err().unwrap();
+        assert!(matches!(refused, IamError::Invalid { ref field, .. } if field == "name"), "{refused:?}");
+        // Refused makers void their own claims; once the other maker gave up
+        // too, the room is there.
+        let voided =
+            iam.store().list_json::<delegation::Claim>(Table::Meta, &format!("delegations/{}/", parent.id)).unwrap();
+        assert_eq!(voided.iter().filter(|(_, c)| c.void).count(), 2, "{voided:?}");
+        delegation::void(iam.store(), &parent.id, slot, &claim).unwrap();
+        let made = iam.create_project(&owner, &req).unwrap();
+        assert_eq!(made.quota.sandboxes, Some(2));
+        drop(dir);
+    }
+
+    #[test]
+    fn a_child_that_claimed_later_does_not_count_before_an_earlier_claim() {
+        let (dir, iam) = iam_in();
+        let parent = project(&iam, &Caller::root(), "p", Quota { sandboxes: Some(4), ..Quota::default() });
+        let owner = Caller { project: parent.id.clone(), key_id: None };
+        let (early, _) = claim_elsewhere(&iam, &parent.id, "early", Quota { sandboxes: Some(3), ..Quota::default() });
+        // A later maker checked itself against `early` (3 of 4): 1 fits.
+        let later = iam
+            .create_project(
+                &owner,
+                &CreateProjectRequest {
+                    name: "later".into(),
+                    parent: None,
+                    quota: Quota { sandboxes: Some(1), ..Quota::default() },
+                },
+            )
+            .unwrap();
+        let all = iam.refresh().unwrap();
+        let children: Vec<&ProjectRecord> = all.iter().filter(|p| p.parent.as_deref() == Some(&parent.id)).collect();
+        let before_early = delegation::before(iam.store(), &parent.id, early, &children, now_ms()).unwrap();
+        assert!(before_early.is_empty(), "the later child is not early's business: {before_early:?}");
+        let before_next = delegation::before(iam.store(), &parent.id, early + 2, &children, now_ms()).unwrap();
+        let names: Vec<&str> = before_next.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["later", "early"], "committed children, then pending claims");
+        assert_eq!(later.parent.as_deref(), Some(parent.id.as_str()));
+        // A claim whose maker died stops counting after its TTL.
+        let stale =
+            delegation::before(iam.store(), &parent.id, early + 2, &children, now_ms() + delegation::CLAIM_TTL_MS)
+                .unwrap();
+        assert_eq!(stale.len(), 1);
         drop(dir);
     }
 }
