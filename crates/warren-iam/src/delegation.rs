@@ -47,15 +47,14 @@ fn slot_key(parent: &str, slot: u64) -> String {
 /// Takes the next free slot of `parent`'s sequence for `claim`.
 pub(crate) fn take_slot(store: &dyn StateStore, parent: &str, claim: &Claim) -> Result<u64, IamError> {
     let last = store.last(Table::Meta, &prefix(parent))?;
-    let mut slot = match last {
+    let first = match last {
         Some((key, _)) => key.rsplit('/').next().and_then(|n| n.parse::<u64>().ok()).map_or(0, |n| n + 1),
         None => 0,
     };
-    for _ in 0..CLAIM_ATTEMPTS {
+    for slot in first..first + CLAIM_ATTEMPTS as u64 {
         if store.put_json_if_absent(Table::Meta, &slot_key(parent, slot), claim)?.is_none() {
             return Ok(slot);
         }
-        slot += 1;
     }
     Err(IamError::Internal(format!("no free delegation slot of {parent} after {CLAIM_ATTEMPTS} tries; retry")))
 }
