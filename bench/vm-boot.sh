@@ -2,8 +2,11 @@
 # Cold boot to first exec of a full VM (`backend: "vm"`: QEMU q35, the
 # image's systemd as PID 1, warren-init as its service) beside a microVM
 # (`backend: "microvm"`: QEMU -M microvm, warren-init as PID 1) on the same
-# image, kernel and guest size, over Warren's HTTP API, and writes
-# bench/results/<YYYY-MM-DD>-vm-boot.md.
+# image, kernel and guest size, over Warren's HTTP API; beside them a
+# microVM restored from a snapshot (a second server with `--vm-snapshots
+# on`) and a bare QEMU -M microvm boot of the same kernel and initramfs to
+# a trivial init (`warren.probe`: init powers the VM off as soon as it
+# runs; QEMU start to exit), and writes bench/results/<YYYY-MM-DD>-vm-boot.md.
 #
 # Usage: bench/vm-boot.sh [SAMPLES]      (default 5 per backend; needs root)
 #
@@ -30,69 +33,117 @@ OUT=bench/results/$(date -u +%Y-%m-%d)-vm-boot.md
 WARREN_IMAGE_PACKAGES=systemd-sysv,procps scripts/make-default-image.sh "$ROOTFS" >&2
 
 DATA=$(mktemp -d /tmp/warren-vm-boot.XXXXXX)
+SNAP_DATA=$(mktemp -d /tmp/warren-vm-snap.XXXXXX)
 INSTANCE=wb-vm-$$
 SAMPLES_FILE=$DATA.samples
 SERVER=""
+SNAP_SERVER=""
 URL=""
+SNAP_URL=""
 
-cleanup() {
-    if [ -n "$URL" ]; then
-        for id in $(curl -sf "$URL/v1/sandboxes" | jq -r '.sandboxes[] | select(.state != "ended") | .id'); do
-            curl -sf -X DELETE "$URL/v1/sandboxes/$id" >/dev/null || true
+stop_server() { # <pid> <url>
+    if [ -n "$2" ]; then
+        for id in $(curl -sf "$2/v1/sandboxes" | jq -r '.sandboxes[] | select(.state != "ended") | .id'); do
+            curl -sf -X DELETE "$2/v1/sandboxes/$id" >/dev/null || true
         done
     fi
-    if [ -n "$SERVER" ]; then
-        kill -TERM "$SERVER" 2>/dev/null || true
-        wait "$SERVER" 2>/dev/null || true
+    if [ -n "$1" ]; then
+        kill -TERM "$1" 2>/dev/null || true
+        wait "$1" 2>/dev/null || true
     fi
-    rm -rf "$DATA" "$SAMPLES_FILE" "$DATA.log"
+}
+
+cleanup() {
+    stop_server "$SERVER" "$URL"
+    stop_server "$SNAP_SERVER" "$SNAP_URL"
+    rm -rf "$DATA" "$SNAP_DATA" "$SAMPLES_FILE" "$DATA.log" "$SNAP_DATA.log"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# Waits for the server <pid> on <data dir> and imports the image; prints its URL.
+server_url() {
+    i=0
+    while [ ! -s "$2/server.url" ]; do
+        i=$((i + 1))
+        [ $i -lt 300 ] || { echo "vm-boot.sh: the server did not start:" >&2; cat "$2.log" >&2; exit 1; }
+        kill -0 "$1" 2>/dev/null || { echo "vm-boot.sh: the server died:" >&2; cat "$2.log" >&2; exit 1; }
+        sleep 0.1
+    done
+    url=$(cat "$2/server.url")
+    curl -sf "$url/v1/images" -d "{\"name\": \"systemd\", \"dir\": \"$ROOTFS\"}" >/dev/null
+    echo "$url"
+}
+
 WARREN_MICROVM_ACCEL=tcg "$BIN" serve --data-dir "$DATA" --listen 127.0.0.1:0 --instance "$INSTANCE" \
     >"$DATA.log" 2>&1 &
 SERVER=$!
-i=0
-while [ ! -s "$DATA/server.url" ]; do
-    i=$((i + 1))
-    [ $i -lt 300 ] || { echo "vm-boot.sh: the server did not start:" >&2; cat "$DATA.log" >&2; exit 1; }
-    kill -0 "$SERVER" 2>/dev/null || { echo "vm-boot.sh: the server died:" >&2; cat "$DATA.log" >&2; exit 1; }
-    sleep 0.1
-done
-URL=$(cat "$DATA/server.url")
-curl -sf "$URL/v1/images" -d "{\"name\": \"systemd\", \"dir\": \"$ROOTFS\"}" >/dev/null
+URL=$(server_url "$SERVER" "$DATA")
+WARREN_MICROVM_ACCEL=tcg "$BIN" serve --data-dir "$SNAP_DATA" --listen 127.0.0.1:0 --instance "$INSTANCE-s" \
+    --vm-snapshots on >"$SNAP_DATA.log" 2>&1 &
+SNAP_SERVER=$!
+SNAP_URL=$(server_url "$SNAP_SERVER" "$SNAP_DATA")
 
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
-# Prints "<backend> <create ms> <first exec ms>".
+# Prints "<label> <create ms> <first exec ms> <boot>". Label `snapshot` is
+# a microVM create on the server with snapshots on.
 sample() {
-    backend=$1
+    label=$1
+    backend=$label url=$URL log=$DATA.log
+    if [ "$label" = snapshot ]; then backend=microvm url=$SNAP_URL log=$SNAP_DATA.log; fi
     t0=$(now_ms)
-    info=$(curl -sf "$URL/v1/sandboxes" \
+    info=$(curl -sf "$url/v1/sandboxes" \
         -d "{\"image\": \"systemd\", \"backend\": \"$backend\", \"memory_mib\": $MEMORY_MIB, \"cpus\": 1, \"disk_mib\": 256}") || {
-        echo "vm-boot.sh: $backend create failed:" >&2
-        tail -n 20 "$DATA.log" >&2
+        echo "vm-boot.sh: $label create failed:" >&2
+        tail -n 20 "$log" >&2
         exit 1
     }
     t1=$(now_ms)
     id=$(echo "$info" | jq -r .id)
-    code=$(curl -sf "$URL/v1/sandboxes/$id/exec?wait=true" -d '{"argv": ["true"]}' | jq -r .exit_code)
+    code=$(curl -sf "$url/v1/sandboxes/$id/exec?wait=true" -d '{"argv": ["true"]}' | jq -r .exit_code)
     t2=$(now_ms)
-    [ "$code" = 0 ] || { echo "vm-boot.sh: exec true in $backend answered $code" >&2; exit 1; }
-    curl -sf -X DELETE "$URL/v1/sandboxes/$id" >/dev/null
-    echo "$backend $((t1 - t0)) $((t2 - t1))"
+    [ "$code" = 0 ] || { echo "vm-boot.sh: exec true in $label answered $code" >&2; exit 1; }
+    curl -sf -X DELETE "$url/v1/sandboxes/$id" >/dev/null
+    echo "$label $((t1 - t0)) $((t2 - t1)) $(echo "$info" | jq -r '.boot // "-"')"
 }
 
-echo "vm-boot.sh: warm-up (initramfs and layer disk per driver)" >&2
+# QEMU -M microvm with the driver's kernel and initramfs, init told to
+# power off at once; prints "bare <ms> 0 cold". The guest is told the
+# host's TSC rate as the driver tells it (read from /proc/cpuinfo here).
+KERNEL=$(ls /boot/vmlinuz-*-cloud-amd64 | sort | tail -n 1)
+TSC_KHZ=$(awk '/cpu MHz/ {printf "%d", $4 * 1000; exit}' /proc/cpuinfo)
+bare() {
+    t0=$(now_ms)
+    qemu-system-x86_64 -M microvm,pit=off,pic=off,rtc=on,isa-serial=on -accel tcg,tb-size=64 -cpu max \
+        -m $MEMORY_MIB -smp 1 -nodefaults -no-user-config -display none -no-reboot \
+        -kernel "$KERNEL" -initrd "$DATA/vm/.initramfs.cpio" \
+        -append "console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check tsc_early_khz=$TSC_KHZ lpj=$((TSC_KHZ * 4)) warren.probe" \
+        >/dev/null 2>&1 </dev/null || { echo "vm-boot.sh: the bare QEMU boot failed" >&2; exit 1; }
+    t1=$(now_ms)
+    echo "bare $((t1 - t0)) 0 cold"
+}
+
+echo "vm-boot.sh: warm-up (initramfs and layer disk per driver; the snapshot)" >&2
 sample microvm >/dev/null
 sample vm >/dev/null
+# The first create of the shape boots and starts the snapshot's build.
+i=0
+until [ "$(sample snapshot | cut -d' ' -f4)" = snapshot ]; do
+    i=$((i + 1))
+    [ $i -lt 60 ] || { echo "vm-boot.sh: no snapshot restore after 60 creates" >&2; tail -n 20 "$SNAP_DATA.log" >&2; exit 1; }
+    sleep 2
+done
 : >"$SAMPLES_FILE"
 n=1
 while [ $n -le "$SAMPLES" ]; do
-    for backend in microvm vm; do
-        s=$(sample $backend)
+    for label in microvm vm snapshot bare; do
+        if [ "$label" = bare ]; then s=$(bare); else s=$(sample "$label"); fi
         echo "vm-boot.sh: sample $n: $s" >&2
+        if [ "$label" = snapshot ] && [ "$(echo "$s" | cut -d' ' -f4)" != snapshot ]; then
+            echo "vm-boot.sh: a create on the snapshot server booted cold" >&2
+            exit 1
+        fi
         echo "$s" >>"$SAMPLES_FILE"
     done
     n=$((n + 1))
@@ -106,7 +157,7 @@ stats() {
 }
 
 {
-    echo "# Full VM vs microVM: cold boot to first exec ($(date -u +%Y-%m-%d))"
+    echo "# VM boot to first exec: full VM, microVM cold and from a snapshot, bare QEMU ($(date -u +%Y-%m-%d))"
     echo
     echo "- machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)," \
         "$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo), host kernel $(uname -r)"
@@ -123,12 +174,27 @@ stats() {
     for backend in microvm vm; do
         echo "| \`$backend\` | $(stats $backend create) | $(stats $backend exec) | $(stats $backend total) |"
     done
+    echo "| \`microvm\` restored from a snapshot (\`--vm-snapshots on\`) | $(stats snapshot create) | $(stats snapshot exec) | $(stats snapshot total) |"
+    echo "| bare \`qemu -M microvm\`, same kernel and initramfs, init powers off at once (QEMU start to exit) | $(stats bare create) | - | $(stats bare total) |"
+    echo
+    cold=$(stats microvm total | cut -d' ' -f1)
+    snap=$(stats snapshot total | cut -d' ' -f1)
+    bare=$(stats bare total | cut -d' ' -f1)
+    echo "Medians: snapshot restore to first exec / cold boot to first exec =" \
+        "$(awk -v s="$snap" -v c="$cold" 'BEGIN { printf "%.2f", s / c }')x (target <= 0.2x);" \
+        "cold boot to first exec / bare boot = $(awk -v c="$cold" -v b="$bare" 'BEGIN { printf "%.2f", c / b }')x."
     echo
     echo "What the full VM adds: SeaBIOS and the q35 machine's devices, then"
     echo "systemd's boot up to \`basic.target\` (journald, tmpfiles, sysusers,"
     echo "the unit graph), after which it starts the agent's service (the rest"
     echo "of the boot runs on beside the first exec); the kernel, initramfs and"
     echo "layer stacking are the microVM's."
+    echo
+    echo "A snapshot restore: a sparse copy of the snapshot's writable disk, QEMU"
+    echo "loading the stopped guest's migration stream (\`-incoming fd:3\`), the"
+    echo "mux, \`cont\`, then init's \`Identify\` (hostname, entropy and CRNG reseed,"
+    echo "clock). The bare boot is the floor a cold boot cannot go below: the"
+    echo "kernel and init's start, without disks, modules or the agent."
 } >"$OUT"
 echo "vm-boot.sh: wrote $OUT" >&2
 cat "$OUT"

@@ -214,10 +214,13 @@ def start_run(node: Node, image: str, workload: dict) -> dict:
     return {"secs": t2 - t0, "create_secs": t1 - t0, "exec_secs": t2 - t1, "sandbox": stats}
 
 
-def layer_fetched(node: Node) -> tuple[int, int]:
-    """Bytes the node fetched, and chunks of them the metadata prefill took."""
+def layer_fetched(node: Node) -> tuple[int, dict]:
+    """Bytes the node fetched, and what of them the metadata prefill took:
+    metadata blob bytes, or whole chunks for layers stored without a blob."""
     layers = node.call("GET", "/v1/images/stats")["layers"]
-    return sum(l["bytes_fetched"] for l in layers), sum(l["metadata_chunks_fetched"] for l in layers)
+    prefill = {"blob_bytes": sum(l.get("metadata_bytes_fetched", 0) for l in layers),
+               "chunks": sum(l["metadata_chunks_fetched"] for l in layers)}
+    return sum(l["bytes_fetched"] for l in layers), prefill
 
 
 def eager_fetch_secs(s3: S3Server) -> tuple[float, int]:
@@ -291,7 +294,7 @@ def main() -> int:
             try:
                 drop_page_cache()
                 cold = start_run(node, "lb", workload)
-                fetched, metadata_chunks = layer_fetched(node)
+                fetched, prefill = layer_fetched(node)
                 drop_page_cache()
                 warm = start_run(node, "lb", workload)
                 hot = start_run(node, "lb", workload)
@@ -301,7 +304,7 @@ def main() -> int:
             plain_warm = start_run(importer, "lb-dir", workload)
             plain_hot = start_run(importer, "lb-dir", workload)
             rows.append({"workload": label, "cold": cold, "warm": warm, "hot": hot, "fetched": fetched,
-                         "metadata_chunks": metadata_chunks,
+                         "prefill": prefill,
                          "plain_warm": plain_warm, "plain_hot": plain_hot})
             print(f"{label}: cold {cold['secs']:.2f}s warm {warm['secs']:.2f}s hot {hot['secs']:.2f}s "
                   f"fetched {fetched / image_bytes:.1%}", flush=True)
@@ -322,6 +325,15 @@ def main() -> int:
     return 0
 
 
+def prefill_text(prefill: dict) -> str:
+    parts = []
+    if prefill["blob_bytes"]:
+        parts.append(f"{prefill['blob_bytes'] / 1e6:.1f} MB blob")
+    if prefill["chunks"]:
+        parts.append(f"{prefill['chunks']} chunks")
+    return " + ".join(parts) or "none"
+
+
 def render(args, rows, notes) -> str:
     image_bytes = notes["image_bytes"]
     eager = notes["eager_fetch_secs"]
@@ -333,7 +345,8 @@ def render(args, rows, notes) -> str:
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- machine: {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}",
         f"- warren: {version} ({warren_binary()})",
-        f"- command: `bench/lazy/run.sh --rate {args.rate} --delay {args.delay}"
+        f"- command: `bench/lazy/run.sh{' --release' if 'release' in str(warren_binary()) else ''}"
+        f" --rate {args.rate} --delay {args.delay}"
         + (f" --chunk-size-bytes {args.chunk_size_bytes}`" if args.chunk_size_bytes else "`"),
         f"- chunk size: {args.chunk_size_bytes or 1 << 20} bytes",
         f"- image: {image_bytes / 1e9:.2f} GB in EROFS layers: "
@@ -343,7 +356,7 @@ def render(args, rows, notes) -> str:
         "",
         "Times are create + exec as the API client sees them, one run each.",
         "",
-        "| workload | fetched (of image) | metadata prefill chunks | sandbox fetched / accessed / hits | cold | warm-node | hot | eager (fetch + warm) | cold / eager | plain dirs warm | warm / plain | plain dirs hot |",
+        "| workload | fetched (of image) | metadata prefill | sandbox fetched / accessed / hits | cold | warm-node | hot | eager (fetch + warm) | cold / eager | plain dirs warm | warm / plain | plain dirs hot |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -351,7 +364,7 @@ def render(args, rows, notes) -> str:
         sb = r["cold"]["sandbox"]
         lines.append(
             f"| {r['workload']} | {r['fetched'] / 1e6:.0f} MB ({r['fetched'] / image_bytes:.1%}) "
-            f"| {r['metadata_chunks']} "
+            f"| {prefill_text(r['prefill'])} "
             f"| {sb['bytes_fetched'] / 1e6:.0f} MB / {sb['bytes_accessed'] / 1e6:.0f} MB / {sb['cache_hits']} "
             f"| {r['cold']['secs']:.2f} s | {r['warm']['secs']:.2f} s | {r['hot']['secs']:.2f} s "
             f"| {eager_total:.2f} s | {r['cold']['secs'] / eager_total:.2f} "

@@ -4,7 +4,7 @@
 # and plain local directories over a netem-shaped veth to the blob store,
 # and writes bench/results/<date>-lazy-<rate>.md.
 #
-# Usage (root): bench/lazy/run.sh [--rate 1gbit] [--delay 1ms] [--chunk-size-bytes N]
+# Usage (root): bench/lazy/run.sh [--release] [--rate 1gbit] [--delay 1ms] [--chunk-size-bytes N]
 set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -13,17 +13,24 @@ ROOT=$(cd "$HERE/../.." && pwd)
 rate=1gbit
 delay=1ms
 chunk=
+profile=debug
 while [ $# -gt 0 ]; do
     case $1 in
         --rate) rate=$2; shift 2 ;;
         --delay) delay=$2; shift 2 ;;
         --chunk-size-bytes) chunk=$2; shift 2 ;;
-        *) echo "usage: $0 [--rate R] [--delay D] [--chunk-size-bytes N]" >&2; exit 2 ;;
+        --release) profile=release; shift ;;
+        *) echo "usage: $0 [--release] [--rate R] [--delay D] [--chunk-size-bytes N]" >&2; exit 2 ;;
     esac
 done
 
 cd "$ROOT"
-cargo build -p warren -p warren-init
+if [ "$profile" = release ]; then
+    cargo build --release -p warren -p warren-init
+else
+    cargo build -p warren -p warren-init
+fi
+export WARREN_BIN="${WARREN_BIN:-$ROOT/target/$profile/warren}"
 [ -x target/tools/bin/s3s-fs ] || crates/warren-image/scripts/s3-server.sh install
 "$HERE/build-image.sh"
 out="bench/results/$(date -u +%Y-%m-%d)-lazy-$rate${chunk:+-chunk$chunk}.md"

@@ -110,6 +110,17 @@ def test_pause_freezes_and_the_next_exec_resumes(small_server: Server) -> None:
         assert sb.resume().state == "running"
 
 
+def test_pause_to_disk_is_sent_and_a_container_refuses_it(small_server: Server) -> None:
+    # Only a microVM pauses to disk: the server reads the flag and the
+    # container backend answers `unsupported` (the VM suites test the rest).
+    with warren.Sandbox.create(IMAGE, url=small_server.url, memory_mib=64) as sb:
+        with pytest.raises(warren.Unsupported) as e:
+            sb.pause(to_disk=True)
+        assert e.value.code == "unsupported" and e.value.status == 501
+        assert sb.info().state == "running"
+        assert sb.info().boot is None
+
+
 async def test_async_pause_and_resume(small_server: Server) -> None:
     async with await warren.AsyncSandbox.create(IMAGE, url=small_server.url, memory_mib=64) as sb:
         assert (await sb.pause()).state == "paused"

@@ -10,7 +10,9 @@
 //! room; a node killed with SIGKILL has its
 //! sandboxes end `node_lost` and new sandboxes go elsewhere; a restarted
 //! node re-adopts its sandboxes; a lost node that comes back ends what the
-//! cluster gave up.
+//! cluster gave up. Along the way each API server's `/metrics` counts what
+//! it placed where, its `/v1/stats` adds up the nodes' own, and it serves
+//! the `/ui` dashboard.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
@@ -19,10 +21,11 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use tokio::time::{sleep, Instant};
-use warren_api::{ClusterStatus, EndReason, SandboxInfo, SandboxState};
+use warren_api::{ClusterStatus, EndReason, NodeStats, SandboxInfo, SandboxState};
 use warren_cluster::testing::Lab;
 use warren_store_etcd::testing::EtcdCluster;
 use warren_tests::cluster::*;
+use warren_tests::prometheus::{parse, Scrape};
 use warren_tests::*;
 
 const NODES: usize = 3;
@@ -43,6 +46,23 @@ fn placed_on(info: &SandboxInfo) -> String {
     assert!(info.id.starts_with(&format!("sb-{}-", placement.node)), "the id names the node: {info:?}");
     assert!(!placement.reason.is_empty());
     placement.node.clone()
+}
+
+/// `GET /metrics` of a server, parsed strictly.
+async fn scrape(server: &TestServer) -> Scrape {
+    let answer = server.http.get(format!("{}/metrics", server.url)).send().await.expect("GET /metrics");
+    assert_eq!(answer.status(), StatusCode::OK);
+    parse(&answer.text().await.expect("the metrics text"))
+}
+
+async fn stats(server: &TestServer) -> NodeStats {
+    let (code, answer) = server.call(Method::GET, "/v1/stats", None).await;
+    assert_eq!(code, StatusCode::OK, "{answer}");
+    from_json(answer)
+}
+
+fn running(stats: &NodeStats) -> u64 {
+    stats.sandboxes.iter().filter(|c| c.state == SandboxState::Running).map(|c| c.count).sum()
 }
 
 fn body(image: &str) -> Value {
@@ -76,8 +96,11 @@ async fn a_cluster_places_routes_and_survives_its_failures() {
 
     // Placement spreads load; every API server reaches every sandbox.
     let mut by_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // Per API server: how many it placed on each node.
+    let mut placed_by: [BTreeMap<String, u64>; 2] = Default::default();
     for i in 0..9 {
         let info = apis[i % 2].create(body(IMAGE)).await;
+        *placed_by[i % 2].entry(placed_on(&info)).or_default() += 1;
         by_node.entry(placed_on(&info)).or_default().push(info.id);
     }
     let counts: Vec<usize> = by_node.values().map(Vec::len).collect();
@@ -107,6 +130,7 @@ async fn a_cluster_places_routes_and_survives_its_failures() {
     assert_eq!(seen.running_by_backend.get("container"), Some(&9));
     assert_eq!(seen.running_by_node.values().sum::<u64>(), 9);
     assert_eq!(seen.running_by_label.get("suite=cluster"), Some(&9), "{seen:?}");
+    check_observability(&apis, &nodes, &placed_by).await;
 
     // Image locality: an image only n2 holds goes to n2.
     let rootfs = nodes[2].path().join("rootfs");
@@ -201,6 +225,13 @@ async fn a_cluster_places_routes_and_survives_its_failures() {
     assert_api_error(code, &answer, warren_api::ErrorCode::SandboxEnded, None);
     let now = wait_status(&apis[1], "n2 gone", |s| !node_names(s).contains("n2")).await;
     assert!(now.lost >= lost.len() as u64, "{now:?}");
+    let seen = scrape(&apis[1]).await;
+    assert_eq!(seen.must(r#"warren_cluster_nodes{state="up"}"#), 2.0);
+    assert_eq!(seen.must(r#"warren_cluster_nodes{state="lost"}"#), 1.0);
+    assert_eq!(seen.must("warren_cluster_lost_sandboxes"), now.lost as f64);
+    assert_eq!(seen.sum("warren_cluster_sandboxes", &[("node", "n2")]), 0.0, "a lost node drops out");
+    let summed = stats(&apis[1]).await;
+    assert_eq!(summed.ends.get(&EndReason::NodeLost), Some(&now.lost), "{summed:?}");
     for _ in 0..3 {
         let info = apis[1].create(body(IMAGE)).await;
         let node = placed_on(&info);
@@ -245,6 +276,10 @@ async fn a_cluster_places_routes_and_survives_its_failures() {
         assert!(bigs.len() <= NODES, "at most one big sandbox fits a node: {bigs:?}");
     }
     assert!(!bigs.is_empty(), "n2, empty again, takes one");
+    let seen = scrape(&apis[1]).await;
+    let full = r#"warren_api_creates_total{backend="container",node="none",result="capacity_exceeded"}"#;
+    assert!(seen.must(full) >= 1.0, "the refused create is counted: {}", seen.text);
+    assert_eq!(seen.must("warren_api_queued_creates"), 0.0);
     let queued = {
         let (http, url) = (apis[1].http.clone(), apis[1].url.clone());
         let big = big.clone();
@@ -256,12 +291,62 @@ async fn a_cluster_places_routes_and_survives_its_failures() {
     };
     sleep(Duration::from_secs(2)).await;
     assert!(!queued.is_finished(), "the queued create waits while the cluster is full");
+    assert_eq!(scrape(&apis[1]).await.must("warren_api_queued_creates"), 1.0, "the waiting create is in the line");
     let freed = bigs.pop().expect("a big sandbox");
     apis[1].delete(&freed.id).await;
     let (code, answer) = tokio::time::timeout(LOST_WITHIN, queued).await.expect("admitted in time").expect("joined");
     assert_eq!(code, StatusCode::CREATED, "{answer}");
     let admitted: SandboxInfo = from_json(answer);
     assert_eq!(placed_on(&admitted), placed_on(&freed), "it took the room the delete freed");
+    let seen = scrape(&apis[1]).await;
+    assert_eq!(seen.must("warren_api_queued_creates"), 0.0);
+    assert_eq!(seen.must("warren_api_queue_wait_seconds_count"), 1.0, "one create waited in the line");
+
+    // A function call through an API server runs on a node holding its
+    // image; an image no node holds names the field.
+    let call = json!({"image": IMAGE, "language": "sh", "code": "echo $((6 * 7))"});
+    let (code, answer) = apis[1].call(Method::POST, "/v1/functions/run", Some(&call)).await;
+    assert_eq!(code, StatusCode::OK, "{answer}");
+    let ran: warren_api::FunctionResult = from_json(answer);
+    assert_eq!(ran.exec.output.as_ref().map(|o| o.stdout.text.as_str()), Some("42\n"), "{ran:?}");
+    let nowhere = json!({"image": "nowhere", "language": "sh", "code": "true"});
+    let (code, answer) = apis[1].call(Method::POST, "/v1/functions/run", Some(&nowhere)).await;
+    assert_api_error(code, &answer, warren_api::ErrorCode::InvalidRequest, Some("image"));
+
+    // An image change goes to every live node; a read merges them.
+    let image_names = |list: &Value| -> BTreeSet<String> {
+        list["images"]
+            .as_array()
+            .expect("images")
+            .iter()
+            .filter_map(|i| i["name"].as_str().map(str::to_string))
+            .collect()
+    };
+    let import = json!({"name": "fanned", "dir": nodes[0].path().join("rootfs")});
+    let answer =
+        apis[1].http.post(format!("{}/v1/images", apis[1].url)).json(&import).send().await.expect("POST /v1/images");
+    assert_eq!(answer.status(), StatusCode::CREATED);
+    assert_eq!(answer.headers()["warren-nodes"], "n0,n1,n2", "every node imported it");
+    for node in &nodes {
+        let (code, list) = node.call(Method::GET, "/v1/images", None).await;
+        assert_eq!(code, StatusCode::OK, "{list}");
+        assert!(image_names(&list).contains("fanned"), "{list}");
+    }
+    let (code, list) = apis[1].call(Method::GET, "/v1/images", None).await;
+    assert_eq!(code, StatusCode::OK, "{list}");
+    let merged = image_names(&list);
+    assert!(merged.contains(IMAGE) && merged.contains("fanned") && merged.contains("onlyhere"), "{merged:?}");
+    let made = apis[1].create(json!({"image": "fanned", "memory_mib": 64, "disk_mib": 16})).await;
+    apis[1].delete(&made.id).await;
+    let bad = json!({"name": "broken", "dir": "/no/such/dir"});
+    let (code, answer) = apis[1].call(Method::POST, "/v1/images", Some(&bad)).await;
+    assert_api_error(code, &answer, warren_api::ErrorCode::InvalidRequest, Some("dir"));
+    let (code, answer) = apis[1].call(Method::DELETE, "/v1/images/fanned", None).await;
+    assert!(code.is_success(), "{answer}");
+    for node in &nodes {
+        let (_, list) = node.call(Method::GET, "/v1/images", None).await;
+        assert!(!image_names(&list).contains("fanned"), "{list}");
+    }
 
     // Every node cleans up after itself; the API servers hold nothing.
     let api = apis.pop().expect("an API server");
@@ -269,5 +354,54 @@ async fn a_cluster_places_routes_and_survives_its_failures() {
     drop(apis);
     for node in nodes {
         node.finish().await;
+    }
+}
+
+/// What an API server reports of the nine creates just made: its own
+/// placements per node in `/metrics`, the nodes' numbers added up in
+/// `/v1/stats`, and the dashboard.
+async fn check_observability(apis: &[TestServer], nodes: &[TestServer], placed_by: &[BTreeMap<String, u64>; 2]) {
+    for (api, placed) in apis.iter().zip(placed_by) {
+        // Its watcher's view has caught up with the nodes' heartbeats.
+        wait_status(api, "nine running", |s| s.running == 9).await;
+        let seen = scrape(api).await;
+        for node in ["n0", "n1", "n2"] {
+            let created = format!(r#"warren_api_creates_total{{backend="container",node="{node}",result="created"}}"#);
+            let want = placed.get(node).copied().unwrap_or(0) as f64;
+            assert_eq!(seen.get(&created), want, "{node}: {placed:?}\n{}", seen.text);
+            assert!(seen.must(&format!(r#"warren_cluster_node_capacity_sandboxes{{node="{node}"}}"#)) > 0.0);
+        }
+        let made = placed.values().sum::<u64>() as f64;
+        assert_eq!(seen.sum("warren_api_creates_total", &[]), made, "nothing else was created through it");
+        assert_eq!(seen.must(r#"warren_api_create_seconds_count{backend="container"}"#), made);
+        assert_eq!(seen.must(r#"warren_cluster_nodes{state="up"}"#), NODES as f64);
+        assert_eq!(seen.sum("warren_cluster_sandboxes", &[("backend", "container")]), 9.0);
+        assert_eq!(seen.must(r#"warren_cluster_project_sandboxes{project="root"}"#), 9.0);
+    }
+    assert_eq!(placed_by.iter().flat_map(|p| p.values()).sum::<u64>(), 9);
+
+    // `/v1/stats` of an API server is the sum of the nodes' own.
+    let summed = stats(&apis[1]).await;
+    assert_eq!(running(&summed), 9, "{summed:?}");
+    let mut own = Vec::new();
+    for node in nodes {
+        own.push(stats(node).await);
+    }
+    assert_eq!(summed.creations_total, own.iter().map(|s| s.creations_total).sum::<u64>());
+    assert_eq!(summed.creations_total, 9, "{summed:?}");
+    assert_eq!(summed.capacity.max_sandboxes, own.iter().map(|s| s.capacity.max_sandboxes).sum::<u64>());
+    assert_eq!(summed.capacity.cpus_total, own.iter().map(|s| s.capacity.cpus_total).sum::<f64>());
+    let latency_count: u64 = summed.create_latency.iter().map(|l| l.count).sum();
+    assert_eq!(latency_count, 9, "{:?}", summed.create_latency);
+
+    // The dashboard, served by the API role as by a single server.
+    for (path, kind, marker) in
+        [("/ui", "text/html", "<canvas id=\"chart-creations\""), ("/ui/app.js", "text/javascript", "/v1/cluster")]
+    {
+        let answer = apis[0].http.get(format!("{}{path}", apis[0].url)).send().await.expect("GET a dashboard asset");
+        assert_eq!(answer.status(), StatusCode::OK, "{path}");
+        let content_type = answer.headers()[reqwest::header::CONTENT_TYPE].to_str().unwrap_or_default().to_string();
+        assert!(content_type.starts_with(kind), "{path}: {content_type}");
+        assert!(answer.text().await.expect("the asset").contains(marker), "{path} lacks {marker}");
     }
 }

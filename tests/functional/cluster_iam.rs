@@ -87,6 +87,12 @@ async fn api_servers_enforce_keys_project_isolation_and_quotas_cluster_wide() {
         }
         let (code, _) = call_as(api, None, Method::GET, "/v1/health", None).await;
         assert_eq!(code, StatusCode::OK);
+        // The dashboard's page is open; what it reads is not.
+        let plain = reqwest::Client::builder().no_proxy().build().expect("an HTTP client");
+        let page = plain.get(format!("{}/ui", api.url)).send().await.expect("GET /ui");
+        assert_eq!(page.status(), StatusCode::OK);
+        let (code, answer) = call_as(api, None, Method::GET, "/v1/stats", None).await;
+        assert_api_error(code, &answer, ErrorCode::Unauthorized, None);
     }
 
     // Projects made through one API server, keys through the other.
@@ -121,8 +127,10 @@ async fn api_servers_enforce_keys_project_isolation_and_quotas_cluster_wide() {
         let (code, answer) = call_as(api, Some(&key_a), Method::DELETE, &path, None).await;
         assert_api_error(code, &answer, ErrorCode::NotFound, None);
         // The cluster's counts span every project: root only.
-        let (code, answer) = call_as(api, Some(&key_a), Method::GET, "/v1/cluster", None).await;
-        assert_api_error(code, &answer, ErrorCode::Forbidden, None);
+        for path in ["/v1/cluster", "/metrics", "/v1/stats"] {
+            let (code, answer) = call_as(api, Some(&key_a), Method::GET, path, None).await;
+            assert_api_error(code, &answer, ErrorCode::Forbidden, None);
+        }
     }
     assert_eq!(apis[0].get(&b1.id).await.state, SandboxState::Running, "B's sandbox was left alone");
     assert_eq!(apis[1].sh_ok(&b1.id, "echo admin-reaches-b").await, "admin-reaches-b\n");
@@ -183,11 +191,115 @@ async fn api_servers_enforce_keys_project_isolation_and_quotas_cluster_wide() {
     };
     assert_eq!(a4.project, a.id);
 
-    for id in [&a1.id, &a4.id, &b1.id, &b2.id] {
+    // Creates racing through both API servers at once: the quota ledger
+    // in etcd lets exactly the quota's worth through, whichever server
+    // each went to and however fresh the nodes' heartbeats are.
+    let c = project(&apis[0], None, "c", json!({"sandboxes": 2})).await;
+    let key_c = key_of(&apis[0], &c.id).await;
+    let bodies: Vec<Value> = (0..6).map(|_| body()).collect();
+    let racing = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, b)| call_as(&apis[i % 2], Some(&key_c), Method::POST, "/v1/sandboxes", Some(b)));
+    let answers = futures_util::future::join_all(racing).await;
+    let mut made = Vec::new();
+    for (code, answer) in answers {
+        match code {
+            StatusCode::CREATED => made.push(from_json::<SandboxInfo>(answer).id),
+            _ => {
+                assert_quota_refusal(code, &answer, &c.id, QuotaKind::Sandboxes);
+            }
+        }
+    }
+    assert_eq!(made.len(), 2, "c's quota of 2 held across both API servers: {made:?}");
+
+    for id in [&a1.id, &a4.id, &b1.id, &b2.id].into_iter().chain(&made) {
         apis[0].delete(id).await;
     }
     drop(apis);
     for node in nodes {
         node.finish().await;
     }
+}
+
+/// Room a full cluster frees goes to waiting projects in turns: project
+/// `a` queues three creates before `b` queues one, yet `b`'s is placed
+/// with the first or the second sandbox that a delete frees (the line is
+/// fair across projects, FIFO within each; see `warren_cluster::line`).
+#[tokio::test]
+async fn a_full_cluster_gives_waiting_projects_room_in_turns() {
+    /// One fits the node (`--max-memory-mib 1024`), two do not.
+    const BIG: u64 = 700;
+    let lab = Lab::new(1);
+    let etcd = EtcdCluster::start_on(1, lab.host_ip());
+    let secrets = tempfile::tempdir().expect("a temp dir");
+    let token = token_file(secrets.path());
+    let node = start_node(&lab, 0, &etcd, &token, &["--max-memory-mib", "1024"]).await;
+    let api = start_api(&etcd, &token, &["--auth", "on"]).await;
+    wait_status(&api, "the node registers", |s| s.nodes.len() == 1).await;
+    let a = project(&api, None, "a", json!({})).await;
+    let b = project(&api, None, "b", json!({})).await;
+    let (key_a, key_b) = (key_of(&api, &a.id).await, key_of(&api, &b.id).await);
+    let big = small(json!({"image": IMAGE, "memory_mib": BIG, "disk_mib": 16}));
+
+    let filler = api.create(big.clone()).await;
+    let queued = |key: &str| {
+        let (http, url, big) = (client_with_key(key), api.url.clone(), big.clone());
+        tokio::spawn(async move {
+            let answer = http.post(format!("{url}/v1/sandboxes?queue=true")).json(&big).send().await;
+            let answer = answer.expect("the queued create answers");
+            (answer.status(), answer.json::<Value>().await.expect("a JSON answer"))
+        })
+    };
+    let waiting = |n: f64| {
+        let api = &api;
+        async move {
+            let deadline = Instant::now() + SETTLE_WITHIN;
+            loop {
+                let text = api.http.get(format!("{}/metrics", api.url)).send().await.expect("GET /metrics");
+                let seen = warren_tests::prometheus::parse(&text.text().await.expect("the metrics text"));
+                if seen.get("warren_api_queued_creates") == n {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "the line never held {n}: {}", seen.text);
+                sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let mut a_creates = Vec::new();
+    for i in 1..=3 {
+        a_creates.push(queued(&key_a));
+        waiting(i as f64).await;
+    }
+    let b_create = queued(&key_b);
+    waiting(4.0).await;
+
+    // The first room: a's head or b's, whichever tries first.
+    api.delete(&filler.id).await;
+    waiting(3.0).await;
+    if !b_create.is_finished() {
+        let first = a_creates.iter().position(|c| c.is_finished()).expect("one of a's creates was placed");
+        let (code, answer) = a_creates.remove(first).await.expect("joined");
+        assert_eq!(code, StatusCode::CREATED, "{answer}");
+        let made: SandboxInfo = from_json(answer);
+        assert_eq!(made.project, a.id);
+        // a took its turn: the next room is b's, not a's next create's.
+        api.delete(&made.id).await;
+        waiting(2.0).await;
+    }
+    assert!(b_create.is_finished(), "b waited behind a's later creates");
+    let (code, answer) = b_create.await.expect("joined");
+    assert_eq!(code, StatusCode::CREATED, "{answer}");
+    let made: SandboxInfo = from_json(answer);
+    assert_eq!(made.project, b.id);
+    api.delete(&made.id).await;
+    // a's creates go on: each takes the room the one before it leaves.
+    for create in a_creates {
+        let (code, answer) =
+            tokio::time::timeout(SETTLE_WITHIN, create).await.expect("placed in time").expect("joined");
+        assert_eq!(code, StatusCode::CREATED, "{answer}");
+        api.delete(&from_json::<SandboxInfo>(answer).id).await;
+    }
+    api.finish().await;
+    node.finish().await;
 }

@@ -222,7 +222,8 @@ async fn concurrent_cpu_and_memory_quotas_refuse_past_the_line_and_allow_after_a
         // The node's metrics count it by project too (the admin key may read them).
         let metrics = server.request(Method::GET, "/metrics").send().await.expect("GET /metrics");
         let text = metrics.text().await.expect("the metrics text");
-        let series = format!("warren_project_sandboxes{{project=\"{}\"}} 2", p.id);
+        let labels = format!("project=\"{}\",backend=\"container\",state=\"running\"", p.id);
+        let series = format!("warren_project_sandboxes{{{labels}}} 2");
         assert!(text.lines().any(|l| l == series), "no `{series}` in:\n{text}");
         // Room comes back with a delete.
         let (status, body) =

@@ -4,118 +4,16 @@
 //! checked line by line against the Prometheus text format and each counter
 //! against what the test did.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 use warren_api::{EndReason, ErrorCode, ExecList, ExecRequest, ExecStatus, NodeStats};
+use warren_tests::prometheus::{parse, Scrape};
 use warren_tests::*;
 
 const POOL: &str = "image=busybox,cpus=1,memory_mib=128,disk_mib=64,pids=256,size=1";
-
-/// One scrape: every sample by `name{labels}` exactly as written.
-struct Scrape {
-    samples: BTreeMap<String, f64>,
-    text: String,
-}
-
-impl Scrape {
-    /// The sample's value; 0 when the series does not exist yet (a counter
-    /// with no event so far has no series).
-    fn get(&self, series: &str) -> f64 {
-        self.samples.get(series).copied().unwrap_or(0.0)
-    }
-
-    fn must(&self, series: &str) -> f64 {
-        *self.samples.get(series).unwrap_or_else(|| panic!("no series `{series}` in:\n{}", self.text))
-    }
-}
-
-/// Parses the Prometheus text format (0.0.4) strictly enough to catch a
-/// broken encoder: every sample belongs to a family declared by `# TYPE`,
-/// names and labels are well formed, values are numbers, counters end in
-/// `_total`, histogram buckets grow and end with `+Inf` equal to `_count`.
-fn parse(text: &str) -> Scrape {
-    let mut types: BTreeMap<String, String> = BTreeMap::new();
-    let mut samples = BTreeMap::new();
-    let name_ok = |n: &str| {
-        !n.is_empty()
-            && n.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
-            && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
-    };
-    for line in text.lines() {
-        if line.is_empty() {
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, kind) = rest.split_once(' ').unwrap_or_else(|| panic!("bad TYPE line `{line}`"));
-            assert!(name_ok(name), "bad family name in `{line}`");
-            assert!(["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind), "bad type in `{line}`");
-            assert!(types.insert(name.to_string(), kind.to_string()).is_none(), "family `{name}` declared twice");
-            continue;
-        }
-        if line.starts_with('#') {
-            assert!(line.starts_with("# HELP ") || line == "# EOF", "unknown comment `{line}`");
-            continue;
-        }
-        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("no value in `{line}`"));
-        let value: f64 = match value {
-            "+Inf" => f64::INFINITY,
-            "-Inf" => f64::NEG_INFINITY,
-            v => v.parse().unwrap_or_else(|_| panic!("value of `{line}` is not a number")),
-        };
-        let name = series.split('{').next().unwrap_or_default();
-        assert!(name_ok(name), "bad metric name in `{line}`");
-        if let Some(labels) = series.strip_prefix(name).filter(|l| !l.is_empty()) {
-            let inner = labels.strip_prefix('{').and_then(|l| l.strip_suffix('}'));
-            let inner = inner.unwrap_or_else(|| panic!("bad label block in `{line}`"));
-            for pair in inner.split("\",").filter(|p| !p.is_empty()) {
-                let (k, v) = pair.split_once("=\"").unwrap_or_else(|| panic!("bad label `{pair}` in `{line}`"));
-                assert!(name_ok(k) && !k.starts_with("__"), "bad label name `{k}` in `{line}`");
-                assert!(!v.trim_end_matches('"').contains('"'), "unescaped quote in `{line}`");
-            }
-        }
-        let family = types
-            .iter()
-            .filter(|(f, _)| name == f.as_str() || name.strip_prefix(f.as_str()).is_some_and(|s| s.starts_with('_')))
-            .max_by_key(|(f, _)| f.len())
-            .unwrap_or_else(|| panic!("sample `{line}` has no # TYPE before it"));
-        match family.1.as_str() {
-            "counter" => assert!(name.ends_with("_total") && value >= 0.0, "bad counter sample `{line}`"),
-            "histogram" => assert!(
-                ["_bucket", "_sum", "_count"].iter().any(|s| name.ends_with(s)),
-                "bad histogram sample `{line}`"
-            ),
-            _ => {}
-        }
-        assert!(samples.insert(series.to_string(), value).is_none(), "series `{series}` twice");
-    }
-    check_histograms(&samples);
-    Scrape { samples, text: text.to_string() }
-}
-
-/// Buckets of each histogram series never shrink, and `+Inf` is `_count`.
-fn check_histograms(samples: &BTreeMap<String, f64>) {
-    let mut buckets: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for (series, value) in samples {
-        let Some((name, labels)) = series.split_once("_bucket{") else { continue };
-        let (rest, le) = labels.rsplit_once("le=\"").expect("a bucket has le");
-        let le = le.trim_end_matches("\"}");
-        let bound = if le == "+Inf" { f64::INFINITY } else { le.parse().expect("le is a number") };
-        let key = format!("{name}_count{{{}}}", rest.trim_end_matches(','));
-        let key = key.replace("{}", "");
-        buckets.entry(key).or_default().push((bound, *value));
-    }
-    for (count_series, mut b) in buckets {
-        b.sort_by(|x, y| x.0.total_cmp(&y.0));
-        assert!(b.windows(2).all(|w| w[0].1 <= w[1].1), "buckets of {count_series} shrink: {b:?}");
-        let last = b.last().expect("a bucket");
-        assert_eq!(last.0, f64::INFINITY, "{count_series} has no +Inf bucket");
-        assert_eq!(Some(&last.1), samples.get(&count_series), "+Inf bucket of {count_series} is not its count");
-    }
-}
 
 async fn scrape(server: &TestServer) -> Scrape {
     let answer = server.http.get(format!("{}/metrics", server.url)).send().await.expect("GET /metrics");
@@ -137,6 +35,11 @@ const POOL_OK: &str = r#"warren_sandbox_creations_total{backend="container",sour
 const FRESH_SECONDS: &str = r#"warren_sandbox_create_seconds_count{backend="container",source="fresh"}"#;
 const POOL_SECONDS: &str = r#"warren_sandbox_create_seconds_count{backend="container",source="pool"}"#;
 const RUNNING: &str = r#"warren_sandboxes{backend="container",state="running"}"#;
+/// Without `--auth`, every sandbox is the root project's.
+const ROOT_RUNNING: &str = r#"warren_project_sandboxes{project="root",backend="container",state="running"}"#;
+const ROOT_CREATED: &str = r#"warren_project_sandbox_creations_total{project="root",outcome="ok"}"#;
+const ROOT_FAILED: &str = r#"warren_project_sandbox_creations_total{project="root",outcome="failed"}"#;
+const ROOT_LIFETIME_ENDS: &str = r#"warren_project_sandbox_ends_total{project="root",reason="lifetime"}"#;
 
 fn ends(reason: &str) -> String {
     format!(r#"warren_sandbox_ends_total{{backend="container",reason="{reason}"}}"#)
@@ -195,6 +98,10 @@ async fn metrics_count_creates_execs_events_and_ends() {
     assert_eq!(during.get(&ends("create_failed")) - before.get(&ends("create_failed")), 1.0);
     assert_eq!(during.get(POOL_SECONDS) - before.get(POOL_SECONDS), 1.0);
     assert_eq!(during.must(RUNNING), 2.0);
+    assert_eq!(during.must(ROOT_RUNNING), 2.0, "live sandboxes by project, backend and state");
+    assert_eq!(during.sum("warren_project_sandboxes", &[]), 2.0, "{}", during.text);
+    assert_eq!(during.get(ROOT_CREATED) - before.get(ROOT_CREATED), fresh_creates + 1.0, "fresh and pooled");
+    assert_eq!(during.get(ROOT_FAILED) - before.get(ROOT_FAILED), 1.0);
     assert_eq!(during.must("warren_node_used_sandboxes"), 2.0);
     assert_eq!(during.must("warren_node_used_cpus"), 1.5);
     assert_eq!(during.must("warren_node_used_memory_bytes"), ((96 + 128) << 20) as f64);
@@ -233,6 +140,13 @@ async fn metrics_count_creates_execs_events_and_ends() {
     assert_eq!(ended.end_reason, Some(EndReason::Lifetime));
     let after = scrape(&server).await;
     assert_eq!(after.must(RUNNING), 0.0);
+    assert_eq!(after.get(ROOT_RUNNING), 0.0, "a project with no live sandbox has no series");
+    assert_eq!(after.sum("warren_project_sandboxes", &[]), 0.0);
+    assert_eq!(after.get(ROOT_LIFETIME_ENDS) - before.get(ROOT_LIFETIME_ENDS), 1.0);
+    let ends_by_project =
+        after.sum("warren_project_sandbox_ends_total", &[]) - before.sum("warren_project_sandbox_ends_total", &[]);
+    let ends_by_backend = after.sum("warren_sandbox_ends_total", &[]) - before.sum("warren_sandbox_ends_total", &[]);
+    assert_eq!(ends_by_project, ends_by_backend, "every end is counted by project too");
     assert_eq!(after.must("warren_node_used_cpus"), 0.0);
     assert_eq!(after.get(&ends("deleted")) - before.get(&ends("deleted")), deleted_misses + 2.0);
     assert_eq!(after.get(&ends("lifetime")) - before.get(&ends("lifetime")), 1.0);
@@ -276,18 +190,4 @@ async fn metrics_answer_openmetrics_when_asked_and_the_dashboard_is_served() {
     let page = page.text().await.expect("the page");
     assert!(!page.contains("http://") && !page.contains("https://"), "the page loads only from the server");
     server.finish().await;
-}
-
-#[test]
-fn the_parser_rejects_broken_text() {
-    let good = "# HELP a_total A.\n# TYPE a_total counter\na_total{x=\"1\"} 2\n";
-    assert_eq!(parse(good).get("a_total{x=\"1\"}"), 2.0);
-    for bad in [
-        "a_total 1\n",
-        "# TYPE a_total counter\na_total one\n",
-        "# TYPE a counter\na 1\n",
-        "# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\nh_count 1\n",
-    ] {
-        assert!(std::panic::catch_unwind(|| parse(bad)).is_err(), "accepted:\n{bad}");
-    }
 }

@@ -1,12 +1,11 @@
 //! The microVM backend (`backend: "microvm"`): QEMU `-M microvm` with the
-//! Debian cloud kernel and `warren-init` as the guest's PID 1. The exec
-//! cases of `exec.rs` run against one VM per test (a TCG boot takes
-//! seconds, so the cases share it), plus what only a VM has: the
-//! accelerator in the sandbox's info, and a delete that leaves no QEMU
-//! process, disk, socket or cgroup behind. Pause and resume (QMP `stop` /
-//! `cont`) are checked inside the guest: a counter read through exec does
-//! not move across a pause, and moves again after it. The file cases of `files.rs`
-//! run against one VM too: there the guest's init resolves the paths.
+//! Debian cloud kernel and `warren-init` as the guest's PID 1. What every
+//! backend does (exec, limits, sessions, events, pause, end reasons) is the
+//! parity suite's (`parity.rs`); here is what only a VM has - the
+//! accelerator, the guest's kernel and resources, a delete that leaves no
+//! QEMU process, disk, socket or cgroup, no re-adoption after a restart -
+//! the file API in depth (the guest's init resolves the paths), snapshot
+//! boot, pools of booted VMs and pauses to disk.
 //!
 //! Needs `qemu-system-x86` and `linux-image-cloud-amd64`
 //! (`scripts/setup-host.sh` installs both); without them every test here
@@ -16,14 +15,8 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::json;
-use warren_api::{
-    EndReason, ErrorCode, ExecFrame, ExecRequest, ExecStatus, FileKind, FileList, FileStat, SandboxInfo, SandboxState,
-    StreamName,
-};
-use warren_tests::guest::{
-    count_moves_past, delete_leaves_nothing, guest_count, pause_or_resume, require_qemu_and_kernel, COUNTER,
-    PAUSE_WINDOW,
-};
+use warren_api::{EndReason, ErrorCode, ExecRequest, FileKind, FileList, FileStat, SandboxInfo, SandboxState, VmBoot};
+use warren_tests::guest::{delete_leaves_nothing, pause_or_resume, require_qemu_and_kernel};
 use warren_tests::*;
 
 /// Enough for the cloud kernel, the initramfs and busybox.
@@ -39,127 +32,33 @@ async fn create_vm(server: &TestServer, extra: serde_json::Value) -> SandboxInfo
     serde_json::from_value(answer).expect("a sandbox info")
 }
 
-fn with<F: FnOnce(&mut ExecRequest)>(mut req: ExecRequest, f: F) -> ExecRequest {
-    f(&mut req);
-    req
-}
-
 #[tokio::test]
-async fn exec_cases_run_in_a_microvm_as_in_a_container() {
+async fn a_microvm_reports_its_accelerator_and_runs_its_own_kernel_and_resources() {
     require_qemu_and_kernel("microvm");
     let server = TestServer::start().await;
-    let sb = create_vm(&server, json!({"env": {"FROM_SANDBOX": "s"}})).await;
+    let sb = create_vm(&server, json!({})).await;
     assert_eq!(sb.backend, warren_api::Backend::Microvm);
     let accel = sb.accelerator.expect("a microVM reports its accelerator");
     eprintln!("microvm accelerator on this host: {accel:?}");
     assert_eq!(server.get(&sb.id).await.accelerator, Some(accel), "the accelerator stays in the info");
+    assert_eq!(sb.boot, Some(VmBoot::Cold), "without --vm-snapshots every microVM boots");
+    guest_facts(&server, &sb).await;
+    delete_leaves_nothing(warren_api::Backend::Microvm, &server, &sb.id).await;
+    server.finish().await;
+}
 
+/// The guest's own kernel, and the sandbox's resources as the guest sees
+/// them: vCPUs, memory, the writable disk's size (`small` asks for 1 CPU
+/// and 64 MiB of disk).
+async fn guest_facts(server: &TestServer, sb: &SandboxInfo) {
     let r = server.exec_wait(&sb.id, &ExecRequest::argv(["uname", "-r"])).await;
     assert!(stdout(&r).contains("cloud-amd64"), "runs on the guest's kernel, not the host's: {}", stdout(&r));
-
-    // Resources: vCPUs, guest memory, the writable disk's size (`small` asks
-    // for 1 CPU and 64 MiB of disk).
     let r = server.sh(&sb.id, "grep -c ^processor /proc/cpuinfo; awk '/MemTotal/ {print $2}' /proc/meminfo; df -k / | awk 'NR==2 {print $2}'").await;
     let numbers: Vec<u64> = stdout(&r).split_whitespace().map(|n| n.parse().expect("a number")).collect();
     let [vcpus, mem_kib, disk_kib] = numbers[..] else { panic!("unexpected output {:?}", stdout(&r)) };
     assert_eq!(vcpus, 1);
     assert!(mem_kib > (GUEST_MEMORY_MIB - 64) * 1024 && mem_kib <= GUEST_MEMORY_MIB * 1024, "MemTotal {mem_kib} KiB");
     assert!(disk_kib > 48 * 1024 && disk_kib <= 64 * 1024, "the writable disk has {disk_kib} KiB");
-
-    // argv and shell forms, the sandbox's environment.
-    let r = server.exec_wait(&sb.id, &ExecRequest::argv(["printf", "%s|", "a b", "$HOME", "c"])).await;
-    assert_eq!(stdout(&r), "a b|$HOME|c|");
-    let r = server.sh(&sb.id, "echo $((6 * 7)) $FROM_SANDBOX $(hostname)").await;
-    assert_eq!(stdout(&r), format!("42 s {}\n", sb.id));
-
-    // Exit codes and signals.
-    for (cmd, code) in [("exit 0", 0), ("exit 3", 3), ("exit 255", 255)] {
-        let r = server.sh(&sb.id, cmd).await;
-        assert_eq!((r.status, r.exit_code, r.signal), (ExecStatus::Ok, Some(code), None), "`{cmd}`");
-    }
-    let r = server.sh(&sb.id, "kill -9 $$").await;
-    assert_eq!((r.status, r.exit_code, r.signal), (ExecStatus::Ok, None, Some(9)), "{r:?}");
-
-    // cwd, stdin, separate streams.
-    let r = server.exec_wait(&sb.id, &with(ExecRequest::argv(["pwd"]), |r| r.cwd = Some("/tmp".into()))).await;
-    assert_eq!(stdout(&r), "/tmp\n");
-    let r = server.exec_wait(&sb.id, &with(ExecRequest::argv(["cat"]), |r| r.stdin = Some("line1\nü\n".into()))).await;
-    assert_eq!(stdout(&r), "line1\nü\n");
-    let r = server.sh(&sb.id, "echo out; echo err >&2; echo out2").await;
-    assert_eq!((stdout(&r), stderr(&r)), ("out\nout2\n", "err\n"));
-
-    // Streaming: ordered, contiguous frames.
-    let cmd = "i=0; while [ $i -lt 300 ]; do i=$((i+1)); echo out-$i; echo err-$i >&2; done";
-    let frames = server.exec_stream(&sb.id, &ExecRequest::shell(cmd)).await;
-    assert!(matches!(frames[0], ExecFrame::Started { .. }), "{:?}", frames[0]);
-    let want_out: String = (1..=300).map(|i| format!("out-{i}\n")).collect();
-    let want_err: String = (1..=300).map(|i| format!("err-{i}\n")).collect();
-    assert_eq!(String::from_utf8(frame_bytes(&frames, StreamName::Stdout)).unwrap(), want_out);
-    assert_eq!(String::from_utf8(frame_bytes(&frames, StreamName::Stderr)).unwrap(), want_err);
-
-    // A deadline kills the whole tree and keeps the partial output.
-    let req =
-        with(ExecRequest::argv(["sh", "-c", "sleep 1000 & echo started; sleep 1000"]), |r| r.timeout_secs = Some(2.0));
-    let r = server.exec_wait(&sb.id, &req).await;
-    assert_eq!((r.status, stdout(&r)), (ExecStatus::TimedOut, "started\n"), "{r:?}");
-    assert_no_sleep_left(&server, &sb.id).await;
-
-    // Output caps keep a head and a tail and count everything.
-    let total: u64 = 5_000_000;
-    let req = with(ExecRequest::shell(format!("yes | head -c {total}")), |r| r.output_cap_bytes = Some(65_536));
-    let r = server.exec_wait(&sb.id, &req).await;
-    let out = &r.output.as_ref().expect("output").stdout;
-    assert_eq!((r.exit_code, out.total_bytes), (Some(0), total), "{r:?}");
-    assert_eq!(b64(&out.data_b64).len() as u64 + out.dropped_bytes, total);
-
-    // Kill of a running exec.
-    let mut stream = server.exec_open(&sb.id, &ExecRequest::shell("echo first; sleep 1000")).await;
-    let exec_id = stream.exec_id().await;
-    assert!(matches!(stream.next().await, Some(ExecFrame::Output { offset: 0, .. })));
-    let (status, body) = server.kill_exec(&sb.id, &exec_id).await;
-    assert_eq!(status.as_u16(), 202, "{body}");
-    assert_eq!(end_result(&stream.collect().await).status, ExecStatus::Killed);
-    assert_no_sleep_left(&server, &sb.id).await;
-
-    // The guest's OOM killer makes the exec `oom`, as a container's cgroup
-    // does (`tail` keeps everything after the last newline; /dev/zero has none).
-    let r = server.sh(&sb.id, "head -c 400m /dev/zero | tail").await;
-    assert_eq!(r.status, ExecStatus::Oom, "{r:?}");
-    assert_eq!(server.sh(&sb.id, "echo alive").await.exit_code, Some(0), "the VM outlives its command's OOM kill");
-
-    // A missing program names the field, as in a container.
-    let (status, body) = server.try_exec_wait(&sb.id, &json!({"argv": ["/no/such/program"]})).await;
-    assert_api_error(status, &body, ErrorCode::InvalidRequest, Some("argv"));
-
-    delete_leaves_nothing(warren_api::Backend::Microvm, &server, &sb.id).await;
-    server.finish().await;
-}
-
-#[tokio::test]
-async fn sessions_and_events_work_in_a_microvm() {
-    require_qemu_and_kernel("microvm");
-    let server = TestServer::start().await;
-    let sb = create_vm(&server, json!({})).await;
-    let session = server.create_session(&sb.id, json!({"cwd": "/"})).await;
-    let r = server.session_exec(&sb.id, &session.id, "cd /tmp && export GREETING=hi").await;
-    assert_eq!(r.exit_code, Some(0), "{r:?}");
-    let r = server.session_exec(&sb.id, &session.id, "echo $PWD $GREETING").await;
-    assert_eq!(stdout(&r), "/tmp hi\n", "cwd and exports persist across a session's commands");
-
-    // The guest's seccomp refusals reach the node as security events.
-    let r = server.sh(&sb.id, "mkdir -p /mnt && mount -t tmpfs none /mnt; unshare -n true; echo done").await;
-    assert_eq!(stdout(&r), "done\n", "{r:?}");
-    let (status, list) =
-        server.call(reqwest::Method::GET, &format!("/v1/sandboxes/{}/events?after_seq=0", sb.id), None).await;
-    assert_eq!(status.as_u16(), 200, "{list}");
-    let syscalls: Vec<&str> =
-        list["events"].as_array().expect("events").iter().filter_map(|e| e["syscall"].as_str()).collect();
-    for wanted in ["mount", "unshare"] {
-        assert!(syscalls.contains(&wanted), "no `{wanted}` event in {syscalls:?}");
-    }
-
-    delete_leaves_nothing(warren_api::Backend::Microvm, &server, &sb.id).await;
-    server.finish().await;
 }
 
 const MIB: usize = 1 << 20;
@@ -175,8 +74,13 @@ async fn file_api_works_in_a_microvm_as_in_a_container() {
     require_qemu_and_kernel("microvm");
     let server = TestServer::start().await;
     let sb = create_vm(&server, json!({})).await;
-    let id = sb.id.as_str();
+    file_cases(&server, &sb.id).await;
+    delete_leaves_nothing(warren_api::Backend::Microvm, &server, &sb.id).await;
+    server.finish().await;
+}
 
+/// The file cases of `files.rs` against the VM `id`.
+async fn file_cases(server: &TestServer, id: &str) {
     // Round trip, streamed both ways, bigger than a mux chunk and an upload frame.
     let data = pattern(6 * MIB + 123);
     let (status, body) = server.put_file(id, "/work/blob.bin", chunked_body(&data), None).await;
@@ -280,56 +184,10 @@ async fn file_api_works_in_a_microvm_as_in_a_container() {
     assert_eq!(status, StatusCode::OK, "with space again the upload works: {body}");
 
     // A file request on a paused VM resumes it, as an exec does.
-    pause_or_resume(&server, id, "pause", SandboxState::Paused).await;
+    pause_or_resume(server, id, "pause", SandboxState::Paused).await;
     let (status, got) = server.get_file(id, "/work/keep.txt").await;
     assert_eq!((status, got.len()), (StatusCode::OK, 4 * MIB));
     assert_eq!(server.get(id).await.state, SandboxState::Running);
-
-    delete_leaves_nothing(warren_api::Backend::Microvm, &server, id).await;
-    server.finish().await;
-}
-
-/// One VM for every case (TCG boots are slow): a paused VM's counter does
-/// not move (what it counted across a pause window, read just before the
-/// pause and just after the resume, is less than what it counts in as
-/// long a running window), the liveness probe leaves it paused, it counts
-/// again after the resume, an exec resumes it, and a delete while paused
-/// leaves no QEMU, disk, socket or cgroup.
-#[tokio::test]
-async fn paused_microvm_makes_no_progress_and_the_next_exec_resumes_it() {
-    require_qemu_and_kernel("microvm");
-    let server = TestServer::start().await;
-    let sb = create_vm(&server, json!({})).await;
-    let _counter = server.exec_open(&sb.id, &ExecRequest::shell(COUNTER)).await;
-    let started = count_moves_past(&server, &sb.id, 0).await;
-
-    let before_run = count_moves_past(&server, &sb.id, started).await;
-    tokio::time::sleep(PAUSE_WINDOW).await;
-    let ran = guest_count(&server, &sb.id).await - before_run;
-
-    let before_pause = guest_count(&server, &sb.id).await;
-    pause_or_resume(&server, &sb.id, "pause", SandboxState::Paused).await;
-    tokio::time::sleep(PAUSE_WINDOW).await;
-    let info = server.get(&sb.id).await;
-    assert_eq!(info.state, SandboxState::Paused, "neither GET nor the probe ends the pause: {info:?}");
-    pause_or_resume(&server, &sb.id, "pause", SandboxState::Paused).await;
-    pause_or_resume(&server, &sb.id, "resume", SandboxState::Running).await;
-    let after_resume = guest_count(&server, &sb.id).await;
-    let across_pause = after_resume - before_pause;
-    eprintln!("counted {ran} in a running window, {across_pause} across a paused one");
-    assert!(across_pause < ran, "the counter advanced while paused: {across_pause} across the pause, {ran} running");
-    count_moves_past(&server, &sb.id, after_resume).await;
-
-    // An exec on a paused VM resumes it, and the counter moves on.
-    pause_or_resume(&server, &sb.id, "pause", SandboxState::Paused).await;
-    assert_eq!(server.sh_ok(&sb.id, "echo awake").await, "awake\n");
-    assert_eq!(server.get(&sb.id).await.state, SandboxState::Running);
-    let awake = guest_count(&server, &sb.id).await;
-    count_moves_past(&server, &sb.id, awake).await;
-
-    pause_or_resume(&server, &sb.id, "pause", SandboxState::Paused).await;
-    delete_leaves_nothing(warren_api::Backend::Microvm, &server, &sb.id).await;
-    server.finish().await;
 }
 
 /// microVMs are not re-adopted: a paused one ends `node_restarted` on a
@@ -352,16 +210,218 @@ async fn paused_microvm_ends_node_restarted_on_a_restart_and_leaves_no_qemu() {
     server.finish().await;
 }
 
-/// Bounded: no `sleep` left in the guest.
-async fn assert_no_sleep_left(server: &TestServer, id: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let ps = server.exec_wait(id, &ExecRequest::argv(["ps", "-o", "pid,args"])).await;
-        let left: Vec<&str> = stdout(&ps).lines().filter(|l| l.contains("sleep")).collect();
-        if left.is_empty() {
+/// The snapshots the microVM driver holds, complete ones only.
+fn ready_snapshots(server: &TestServer) -> Vec<std::path::PathBuf> {
+    leaks::dir_entries(&server.data_dir().join("vm").join(".snapshots"))
+        .into_iter()
+        .filter(|d| d.join("meta.json").is_file())
+        .collect()
+}
+
+/// Waits (bounded by a count, not a clock: a template boot under TCG on a
+/// loaded machine takes what it takes) until `n` snapshots are complete.
+async fn wait_for_snapshots(server: &TestServer, n: usize) -> Vec<std::path::PathBuf> {
+    for _ in 0..1200 {
+        let ready = ready_snapshots(server);
+        if ready.len() >= n {
+            return ready;
+        }
+        let log = server.log_tail(40);
+        assert!(!log.contains("cannot build a VM snapshot"), "the snapshot build failed; log:\n{log}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("no VM snapshot was built; log:\n{}", server.log_tail(40));
+}
+
+/// 32 bytes of the guest's /dev/urandom, hex.
+async fn urandom(server: &TestServer, id: &str) -> String {
+    server.sh_ok(id, "head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'").await
+}
+
+/// Snapshot boot: the first create of a shape boots cold and the node
+/// snapshots a template guest meanwhile; later creates are restored
+/// clones that each get their own hostname and random state, and pass the
+/// exec and file cases. Deleting them leaves nothing; stopping the server
+/// removes the snapshot.
+#[tokio::test]
+async fn snapshot_restored_microvms_are_clones_with_their_own_identity() {
+    require_qemu_and_kernel("microvm");
+    let server = TestServer::start_with(&["--vm-snapshots", "on"]).await;
+    let env = json!({"env": {"FROM_SANDBOX": "s"}});
+    let first = create_vm(&server, env.clone()).await;
+    assert_eq!(first.boot, Some(VmBoot::Cold), "nothing to restore yet");
+    wait_for_snapshots(&server, 1).await;
+
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("a clock").as_secs();
+    let a = create_vm(&server, env.clone()).await;
+    let b = create_vm(&server, env.clone()).await;
+    assert_eq!((a.boot, b.boot), (Some(VmBoot::Snapshot), Some(VmBoot::Snapshot)), "{a:?}\n{b:?}");
+    assert_eq!(server.get(&a.id).await.boot, Some(VmBoot::Snapshot), "the boot stays in the info");
+    for sb in [&a, &b] {
+        assert_eq!(server.sh_ok(&sb.id, "hostname").await, format!("{}\n", sb.id), "a clone takes its own name");
+        // The snapshot's clock stood still before these creates began.
+        let guest_now: u64 = server.sh_ok(&sb.id, "date +%s").await.trim().parse().expect("seconds");
+        assert!(guest_now >= before, "the clone's clock {guest_now} is the snapshot's, before {before}");
+    }
+    let (ra, rb) = (urandom(&server, &a.id).await, urandom(&server, &b.id).await);
+    assert_eq!(ra.len(), 64, "{ra}");
+    assert_ne!(ra, rb, "two clones of one snapshot read the same /dev/urandom bytes");
+    assert_ne!(urandom(&server, &a.id).await, ra);
+
+    let subject = parity::Subject {
+        server: &server,
+        backend: warren_api::Backend::Microvm,
+        create: small(json!({"backend": "microvm", "memory_mib": GUEST_MEMORY_MIB})),
+    };
+    guest_facts(&server, &a).await;
+    parity::exec_cases(&subject, &a.id).await;
+    file_cases(&server, &b.id).await;
+    let session = server.create_session(&a.id, json!({"cwd": "/"})).await;
+    server.session_exec(&a.id, &session.id, "export KEPT=yes").await;
+    assert_eq!(stdout(&server.session_exec(&a.id, &session.id, "echo $KEPT").await), "yes\n");
+
+    for sb in [&first, &a] {
+        server.delete(&sb.id).await;
+        assert!(!server.data_dir().join("vm").join(&sb.id).exists(), "{} keeps its run directory", sb.id);
+    }
+    delete_leaves_nothing(warren_api::Backend::Microvm, &server, &b.id).await;
+    assert_eq!(ready_snapshots(&server).len(), 1, "the snapshot outlives its clones");
+    let snapshots = server.data_dir().join("vm").join(".snapshots");
+    server.finish().await;
+    assert!(!snapshots.exists(), "a stopped server leaves its VM snapshots behind");
+}
+
+/// A snapshot belongs to its image's layers: replacing the image deletes
+/// it, and the next create boots the new image cold (it sees the new
+/// content).
+#[tokio::test]
+async fn a_replaced_image_invalidates_its_vm_snapshot() {
+    require_qemu_and_kernel("microvm");
+    let server = TestServer::start_with(&["--vm-snapshots", "on"]).await;
+    let (status, body) = import_marked(&server, "one").await;
+    assert_eq!(status.as_u16(), 201, "{body}");
+    let first = create_vm(&server, json!({"image": "snapped"})).await;
+    let old = wait_for_snapshots(&server, 1).await;
+    let restored = create_vm(&server, json!({"image": "snapped"})).await;
+    assert_eq!(restored.boot, Some(VmBoot::Snapshot));
+    assert_eq!(server.sh_ok(&restored.id, "cat /version").await, "one");
+    server.delete(&first.id).await;
+    server.delete(&restored.id).await;
+
+    let (status, body) = import_marked(&server, "two").await;
+    assert_eq!(status.as_u16(), 201, "replacing the image: {body}");
+    assert!(!old[0].exists(), "the replaced image's snapshot {} survives the import", old[0].display());
+    let fresh = create_vm(&server, json!({"image": "snapped"})).await;
+    assert_eq!(fresh.boot, Some(VmBoot::Cold), "a snapshot of the replaced image was restored");
+    assert_eq!(server.sh_ok(&fresh.id, "cat /version").await, "two");
+    server.finish().await;
+}
+
+/// Imports a copy of the test image with `/version` holding `version` as
+/// `snapped` (replacing the image of that name).
+async fn import_marked(server: &TestServer, version: &str) -> (StatusCode, serde_json::Value) {
+    let dir = server.path().join(format!("rootfs-{version}"));
+    let out = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(server.path().join("rootfs"))
+        .arg(&dir)
+        .output()
+        .expect("run cp");
+    assert!(out.status.success(), "{out:?}");
+    std::fs::write(dir.join("version"), version).expect("write the marker");
+    server.call(reqwest::Method::POST, "/v1/images", Some(&json!({"name": "snapped", "dir": dir}))).await
+}
+
+/// Idle members of the warm pools of image `busybox`, from `GET /metrics`.
+async fn pool_idle(server: &TestServer) -> f64 {
+    let answer = server.http.get(format!("{}/metrics", server.url)).send().await.expect("GET /metrics");
+    let text = answer.text().await.expect("the metrics text");
+    warren_tests::prometheus::parse(&text).get(r#"warren_pool_idle_sandboxes{image="busybox"}"#)
+}
+
+/// Waits (bounded by a count) until the pool holds an idle booted VM.
+async fn wait_pool_filled(server: &TestServer) {
+    for _ in 0..1200 {
+        if pool_idle(server).await >= 1.0 {
             return;
         }
-        assert!(tokio::time::Instant::now() < deadline, "sleeps survive in the guest: {left:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    panic!("the microvm pool never filled; log:\n{}", server.log_tail(40));
+}
+
+/// `--pool backend=microvm,...` keeps a booted VM: a create of that shape
+/// claims it (`from_pool`, its init answers at once), the pool refills
+/// with another, a different shape still boots, and stopping the server
+/// destroys the idle member (the harness's leak check).
+#[tokio::test]
+async fn a_microvm_pool_hands_out_booted_vms() {
+    require_qemu_and_kernel("microvm");
+    let pool =
+        format!("backend=microvm,image=busybox,cpus=1,memory_mib={GUEST_MEMORY_MIB},disk_mib=64,pids=256,size=1");
+    let server = TestServer::start_with(&["--pool", &pool]).await;
+    wait_pool_filled(&server).await;
+    let claimed = create_vm(&server, json!({"env": {"FROM_SANDBOX": "s"}})).await;
+    assert!(claimed.from_pool, "a matching create claims the booted VM: {claimed:?}");
+    assert_eq!(claimed.backend, warren_api::Backend::Microvm);
+    assert_eq!(server.sh_ok(&claimed.id, "echo $FROM_SANDBOX; uname -r | grep -c cloud").await, "s\n1\n");
+    wait_pool_filled(&server).await;
+
+    let other = create_vm(&server, json!({"memory_mib": GUEST_MEMORY_MIB + 64})).await;
+    assert!(!other.from_pool, "another shape boots its own VM");
+    let container = server.create(small(json!({}))).await;
+    assert!(!container.from_pool, "a container create does not take a VM");
+    server.finish().await;
+}
+
+/// `pause?to_disk=true`: the guest's memory goes to a file in its run
+/// directory and its QEMU exits (no process left in the driver's cgroup);
+/// the next exec loads it back, and what lived only in the guest's memory
+/// is still there: a tmpfs file and a detached process with its pid. A
+/// second round trip works too, an explicit resume as well, and a VM
+/// paused to disk deletes cleanly.
+#[tokio::test]
+async fn a_microvm_paused_to_disk_keeps_its_memory_and_frees_the_host() {
+    require_qemu_and_kernel("microvm");
+    let server = TestServer::start().await;
+    let sb = create_vm(&server, json!({})).await;
+    let id = sb.id.as_str();
+    let vm_instance = leaks::vm_instance(&server.instance);
+    let mem = server.data_dir().join("vm").join(id).join("paused.mem");
+    let marker = server.sh_ok(id, "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n' | tee /dev/shm/marker").await;
+    let sleeper = server.sh_ok(id, "setsid sleep 100000 </dev/null >/dev/null 2>&1 & echo $!").await;
+    let check = format!("cat /dev/shm/marker; echo; kill -0 {} && echo alive", sleeper.trim());
+    let want = format!("{marker}\nalive\n");
+    assert_eq!(server.sh_ok(id, &check).await, want, "the sleeper outlives its exec");
+
+    for round in 0..2 {
+        let (status, info) =
+            server.call(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/pause?to_disk=true"), None).await;
+        assert_eq!(status, StatusCode::OK, "{info}");
+        assert_eq!(info["state"], "paused", "{info}");
+        assert!(mem.is_file(), "round {round}: no memory file {}", mem.display());
+        assert_eq!(leaks::instance_processes(&vm_instance), vec![], "QEMU runs while paused to disk");
+        assert_eq!(server.get(id).await.state, SandboxState::Paused, "the probe leaves it paused");
+        if round == 0 {
+            assert_eq!(server.sh_ok(id, &check).await, want, "the next exec resumes it from disk");
+        } else {
+            pause_or_resume(&server, id, "resume", SandboxState::Running).await;
+            assert_eq!(server.sh_ok(id, &check).await, want);
+        }
+        assert_eq!(server.get(id).await.state, SandboxState::Running);
+        assert!(!mem.exists(), "the memory file outlives the resume");
+    }
+
+    // Paused in memory, then to disk: it moves; a delete of it leaves nothing.
+    pause_or_resume(&server, id, "pause", SandboxState::Paused).await;
+    let (status, info) =
+        server.call(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/pause?to_disk=true"), None).await;
+    assert_eq!(status, StatusCode::OK, "{info}");
+    assert_eq!(leaks::instance_processes(&vm_instance), vec![], "QEMU runs while paused to disk");
+    let (status, body) =
+        server.call(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/pause?to_disk=maybe"), None).await;
+    assert_api_error(status, &body, ErrorCode::InvalidRequest, Some("to_disk"));
+    server.delete(id).await;
+    assert!(!server.data_dir().join("vm").join(id).exists(), "the paused VM's directory survives its delete");
+    server.finish().await;
 }

@@ -1,8 +1,8 @@
-//! What the VM suites (`microvm`, `vm`) share: the host check they need,
-//! and a busy counter in the guest to tell a paused VM from a running one.
+//! What the VM suites (`microvm`, `vm`, `parity`) share: the host check
+//! they need, pause and resume, the check that a deleted VM left nothing,
+//! and the full-VM suites' systemd image.
 
 use std::path::Path;
-use std::time::Duration;
 
 use warren_api::{Backend, EndReason, SandboxInfo, SandboxState};
 
@@ -22,44 +22,12 @@ pub fn require_qemu_and_kernel(suite: &str) {
     );
 }
 
-/// The guest's counter: as fast as the shell goes, in a file of the
-/// writable disk that an exec reads.
-pub const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; done";
-/// How long the counter is left running, and left paused, for the two
-/// counts to compare; longer than the node's liveness probe period, so a
-/// probe runs while the VM is paused.
-pub const PAUSE_WINDOW: Duration = Duration::from_secs(3);
-
 /// `POST .../pause` or `.../resume`, asserting the state it answers.
 pub async fn pause_or_resume(server: &TestServer, id: &str, verb: &str, want: SandboxState) {
     let (status, body) = server.call(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/{verb}"), None).await;
     assert_eq!(status.as_u16(), 200, "{verb} {id}: {body}\nlog:\n{}", server.log_tail(30));
     let info: SandboxInfo = serde_json::from_value(body).expect("a sandbox info");
     assert_eq!(info.state, want, "after {verb}: {info:?}");
-}
-
-/// The counter as the guest sees it (an exec, so it resumes a paused VM).
-/// The loop truncates the file before it writes it: an empty read is retried.
-pub async fn guest_count(server: &TestServer, id: &str) -> u64 {
-    for _ in 0..100 {
-        if let Ok(n) = server.sh_ok(id, "cat /tmp/count 2>/dev/null; true").await.trim().parse() {
-            return n;
-        }
-    }
-    panic!("the guest's counter never read as a number");
-}
-
-/// Bounded wait until the guest's counter passes `after`.
-pub async fn count_moves_past(server: &TestServer, id: &str, after: u64) -> u64 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let n = guest_count(server, id).await;
-        if n > after {
-            return n;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the guest's counter stays at {n}, not past {after}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Deletes a VM sandbox of `backend` and checks the host: no QEMU process

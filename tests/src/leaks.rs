@@ -110,14 +110,15 @@ pub fn full_vm_instance(instance: &str) -> String {
 }
 
 /// Sandbox directories of the microVM and full-VM drivers (their caches
-/// start with a dot).
+/// start with a dot), and the microVM driver's snapshots (removed when
+/// the server stops).
 pub fn vm_run_entries(data_dir: &Path) -> Vec<PathBuf> {
     let hidden = |p: &PathBuf| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
-    [dir_entries(&data_dir.join("vm")), dir_entries(&data_dir.join("fullvm"))]
+    let sandboxes = [dir_entries(&data_dir.join("vm")), dir_entries(&data_dir.join("fullvm"))]
         .concat()
         .into_iter()
-        .filter(|p| !hidden(p))
-        .collect()
+        .filter(|p| !hidden(p));
+    sandboxes.chain(dir_entries(&data_dir.join("vm").join(".snapshots"))).collect()
 }
 
 /// The per-sandbox directories below the instance's directories.

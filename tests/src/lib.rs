@@ -15,6 +15,7 @@ pub mod guest;
 pub mod iam;
 pub mod leaks;
 pub mod parity;
+pub mod prometheus;
 pub mod rootfs;
 pub mod server;
 

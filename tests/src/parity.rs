@@ -90,8 +90,8 @@ pub async fn run_all(subject: &Subject<'_>, id: &str) {
     session_cases(subject, id).await;
     file_cases(subject, id).await;
     event_cases(subject, id).await;
-    pause_cases(subject, id).await;
     timer_ends(subject, timers).await;
+    pause_cases(subject, id).await;
 }
 
 fn with<F: FnOnce(&mut ExecRequest)>(mut req: ExecRequest, f: F) -> ExecRequest {
@@ -278,7 +278,7 @@ const TICKER: &str = "i=0; while :; do i=$((i+1)); echo $i; sleep 0.01; done";
 /// A running exec makes no progress while its sandbox is paused (what it
 /// printed across a paused window is less than across as long a running
 /// one); reading the sandbox or its exec does not resume it; the next exec
-/// does.
+/// does. Ends with the sandbox paused.
 pub async fn pause_cases(subject: &Subject<'_>, id: &str) {
     let server = subject.server;
     let mut ticker = server.exec_open(id, &ExecRequest::shell(TICKER)).await;
@@ -314,6 +314,8 @@ pub async fn pause_cases(subject: &Subject<'_>, id: &str) {
     assert_eq!(status.as_u16(), 202, "{body}");
     let ended = server.wait_exec(id, &ticker_id, Duration::from_secs(60)).await;
     assert_eq!(ended.status, ExecStatus::Killed, "{ended:?}");
+    // Left paused: the suite's last step, the delete, is of a paused sandbox.
+    pause_or_resume(server, id, "pause", SandboxState::Paused).await;
 }
 
 /// Bytes the exec printed so far (its record, which does not resume the sandbox).

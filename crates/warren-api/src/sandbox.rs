@@ -381,12 +381,27 @@ pub struct SandboxInfo {
     /// this guest, as on a host whose own KVM is paravirtual).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accelerator: Option<Accelerator>,
+    /// `microvm`: whether the guest booted (`cold`) or was restored from
+    /// the node's snapshot of a booted guest (`snapshot`, `--vm-snapshots on`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<VmBoot>,
     /// Cluster mode: the node it was placed on, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<crate::cluster::Placement>,
     /// The project it belongs to (`root` for sandboxes made before IAM).
     #[serde(default = "root_project")]
     pub project: String,
+}
+
+/// How a VM sandbox's guest came up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum VmBoot {
+    /// Booted the kernel and init.
+    Cold,
+    /// Restored from a snapshot of a booted, idle guest of the same image
+    /// and shape, then given its own hostname, entropy and clock.
+    Snapshot,
 }
 
 /// How a VM sandbox's guest runs: hardware virtualization (`kvm`) or
@@ -521,7 +536,12 @@ pub struct LayerCacheStats {
     /// Bytes fetched from the blob store, metadata prefill included.
     pub bytes_fetched: u64,
     pub chunks_fetched: u64,
+    /// Chunks prefetched because they hold metadata (layers stored before
+    /// metadata blobs existed).
     pub metadata_chunks_fetched: u64,
+    /// Bytes of the layer's metadata blob fetched before mounting.
+    #[serde(default)]
+    pub metadata_bytes_fetched: u64,
     /// Fill events answered with EIO (a chunk could not be fetched or verified).
     pub failed_fills: u64,
     /// Sandboxes (and pool members) using the layer now.

@@ -204,6 +204,12 @@ pub trait Driver: Send + Sync {
         None
     }
 
+    /// How a VM sandbox's guest came up; `None` for backends without one.
+    fn boot(&self, handle: &SandboxHandle) -> Option<warren_api::VmBoot> {
+        let _ = handle;
+        None
+    }
+
     /// The root to resolve file API paths in.
     fn fs_root(&self, handle: &SandboxHandle) -> Result<FsRoot> {
         let _ = handle;
@@ -236,6 +242,18 @@ pub trait Driver: Send + Sync {
         let _ = handle;
         Err(BackendError::Unsupported(self.backend().as_str(), "pause"))
     }
+
+    /// As [`Driver::pause`], with the sandbox's memory written to disk and
+    /// released (for a VM, QEMU exits); [`Driver::resume`] loads it again.
+    /// Pausing to disk a sandbox already paused in memory moves it to disk.
+    fn pause_to_disk(&self, handle: &SandboxHandle) -> Result<()> {
+        let _ = handle;
+        Err(BackendError::Unsupported(self.backend().as_str(), "pause to disk"))
+    }
+
+    /// The node's images changed (one was imported, replaced, removed or
+    /// collected): a driver drops what it derived from images now gone.
+    fn images_changed(&self) {}
 
     /// Lets a paused sandbox run again; a no-op on one that is not paused.
     /// Must be quick: the node calls it inline when a request reaches a

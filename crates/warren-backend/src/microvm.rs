@@ -26,19 +26,25 @@
 //! kernel, the initramfs and its disks.
 //! Pause and resume are QMP `stop` / `cont` on `qmp.sock` in the run
 //! directory ([`qmp`]); a paused VM probes alive while its QEMU lives,
-//! without a ping. Its memory stays with QEMU: no snapshot to disk yet
-//! (QEMU 7.2 has no `file:` migration, `savevm` needs qcow2 disks; see
-//! docs/architecture.md for the way left).
-//! Not yet: files, sessions' file side, phases with protected paths,
-//! pack_diff, egress networking, re-adoption after a node restart (the
-//! mux lives in the node process; a restarted node ends microVMs with
-//! `node_restarted`).
+//! without a ping. A pause to disk ([`Driver::pause_to_disk`], microVMs)
+//! migrates the stopped guest into `paused.mem` through a descriptor passed
+//! over QMP (QEMU 7.2 has no `file:` migration, `savevm` needs qcow2 disks)
+//! and ends QEMU; `resume` starts QEMU on the file (`-incoming fd:3`) with
+//! a new mux. Snapshot boot ([`snapshot`], `MicroVmConfig::snapshots`)
+//! restores a snapshot of a booted guest of the same image and shape
+//! instead of booting. Every VM gets its writable disk as inherited
+//! descriptors (see [`qemu::VmSpec::writable_by_fd`]) so that migrations
+//! work from QEMU's chroot.
+//! Not yet: phases with protected paths, pack_diff, egress networking,
+//! re-adoption after a node restart (the mux lives in the node process; a
+//! restarted node ends microVMs with `node_restarted`).
 
 mod disks;
 mod initramfs;
 mod mux;
 mod qemu;
 mod qmp;
+mod snapshot;
 
 use std::collections::HashMap;
 use std::fs;
@@ -50,7 +56,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::process::Child;
 use tokio::sync::OnceCell;
-use warren_api::{Backend, Usage};
+use warren_api::{Backend, Usage, VmBoot};
 use warren_guard::cgroup::{Limits, SandboxCgroup};
 
 pub use self::qemu::{Accel, AccelChoice, Machine};
@@ -92,6 +98,10 @@ pub struct MicroVmConfig {
     pub cgroup_instance: String,
     pub accel: AccelChoice,
     pub machine: Machine,
+    /// Snapshot boot (`--vm-snapshots on`; `-M microvm` only): creates
+    /// restore a snapshot of a booted guest of the same image and shape
+    /// (see [`snapshot`]).
+    pub snapshots: bool,
 }
 
 impl MicroVmConfig {
@@ -127,6 +137,7 @@ impl MicroVmConfig {
             cgroup_instance,
             accel,
             machine: Machine::Micro,
+            snapshots: false,
         })
     }
 
@@ -167,6 +178,8 @@ fn newest_cloud_kernel() -> Result<PathBuf> {
 struct HandleState {
     dir: PathBuf,
     accel: Accel,
+    #[serde(default)]
+    boot: Option<VmBoot>,
 }
 
 /// A running VM's host-side parts, owned by the driver.
@@ -176,7 +189,35 @@ struct Running {
     /// Set before QMP `stop` and cleared after `cont`: while set, the
     /// probe does not ping the guest (a stopped guest cannot answer).
     paused: bool,
+    /// How QEMU was started: a restore from disk starts it the same way.
+    launch: Launch,
 }
+
+/// What QEMU's command line was made of beyond the driver's config.
+#[derive(Clone)]
+struct Launch {
+    layer_files: Vec<PathBuf>,
+    vcpus: u32,
+    memory_mib: u64,
+    /// On the kernel command line (a snapshot's clones keep the template's).
+    hostname: String,
+    accel: Accel,
+    /// The mux's first stream id: past every id the guest has seen.
+    first_stream: u32,
+}
+
+/// A VM paused to disk: no QEMU runs; `paused.mem` in its directory holds
+/// the guest until the resume.
+struct OnDisk {
+    launch: Launch,
+}
+
+/// The guest's state while it is paused to disk.
+const PAUSED_MEM: &str = "paused.mem";
+/// Writing a paused guest's memory out; reading it back on resume.
+const DISK_PAUSE_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a guest gets to see the node disconnect before it is saved.
+const DISK_PAUSE_QUIESCE: Duration = Duration::from_millis(200);
 
 pub struct MicroVmDriver {
     config: MicroVmConfig,
@@ -186,6 +227,9 @@ pub struct MicroVmDriver {
     /// One build of a directory layer at a time (they are cached).
     layer_build: tokio::sync::Mutex<()>,
     running: Mutex<HashMap<String, Running>>,
+    /// VMs paused to disk (in neither map while being moved).
+    on_disk: Mutex<HashMap<String, OnDisk>>,
+    snapshots: snapshot::Snapshots,
 }
 
 impl MicroVmDriver {
@@ -196,7 +240,10 @@ impl MicroVmDriver {
         }
         config.run_dir = fs::canonicalize(&config.run_dir)
             .map_err(|e| BackendError::io(format!("resolve {}", config.run_dir.display()), e))?;
+        let snapshots = snapshot::Snapshots::new(&config.run_dir, &config.init_binary)?;
         Ok(MicroVmDriver {
+            snapshots,
+            on_disk: Mutex::new(HashMap::new()),
             config,
             initramfs: OnceCell::new(),
             accel: OnceCell::new(),
@@ -240,6 +287,74 @@ impl MicroVmDriver {
 
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn on_disk(&self) -> std::sync::MutexGuard<'_, HashMap<String, OnDisk>> {
+        self.on_disk.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The VM spec to start `launch` again in `dir`.
+    fn respawn(&self, id: &str, launch: &Launch, mem: &fs::File) -> Result<Child> {
+        let initramfs = self.initramfs.get().ok_or_else(|| BackendError::Setup("no initramfs yet".into()))?;
+        let dir = self.dir(id);
+        let (serial_sock, qmp_sock, writable) = (dir.join("port.sock"), self.qmp_sock(id), dir.join("rw.img"));
+        for stale in [&serial_sock, &qmp_sock] {
+            let _ = fs::remove_file(stale);
+        }
+        qemu::spawn(&VmSpec {
+            qemu: &self.config.qemu,
+            kernel: &self.config.kernel,
+            initramfs,
+            accel: launch.accel,
+            machine: self.config.machine,
+            vcpus: launch.vcpus,
+            memory_mib: launch.memory_mib,
+            layers: &launch.layer_files,
+            writable: &writable,
+            serial_sock: &serial_sock,
+            qmp_sock: &qmp_sock,
+            hostname: &launch.hostname,
+            jail: &self.config.run_dir.join(".jail"),
+            incoming: Some(mem),
+            writable_by_fd: true,
+        })
+    }
+
+    /// Starts the guest saved in `paused.mem` again, stopped, with a new
+    /// mux; then lets it run.
+    fn restore_from_disk(&self, id: &str, launch: Launch) -> Result<Running> {
+        let mem_path = self.dir(id).join(PAUSED_MEM);
+        let mem = fs::File::open(&mem_path).map_err(|e| BackendError::io(format!("open {}", mem_path.display()), e))?;
+        let mut child = self.respawn(id, &launch, &mem)?;
+        drop(mem);
+        let console = ConsoleTail::default();
+        console.follow(&mut child);
+        let started = (|| {
+            let pid = child.id().ok_or_else(|| BackendError::Setup("QEMU exited at once".into()))?;
+            self.cgroup(id)?.add_pid(pid as i32).map_err(cgroup_err)?;
+            qmp::wait_incoming(&self.qmp_sock(id), DISK_PAUSE_TIMEOUT)?;
+            let mux = mux::start_blocking(
+                &self.dir(id).join("port.sock"),
+                &self.ctl_sock(id),
+                Duration::from_secs(10),
+                launch.first_stream,
+            )?;
+            qmp::cont(&self.qmp_sock(id))?;
+            Ok(mux)
+        })();
+        match started {
+            Ok(mux) => {
+                let _ = fs::remove_file(&mem_path);
+                Ok(Running { qemu: child, _mux: mux, paused: false, launch })
+            }
+            Err(e) => {
+                let _ = child.start_kill();
+                Err(match console.text().trim() {
+                    "" => e,
+                    tail => BackendError::Setup(format!("{e}; console: {tail}")),
+                })
+            }
+        }
     }
 
     async fn initramfs(&self) -> Result<&Path> {
@@ -298,6 +413,14 @@ impl MicroVmDriver {
         let accel = self.accel().await?;
         let writable = dir.join("rw.img");
         disks::make_writable(&writable, spec.resources.disk_mib, spec.resources.inodes).await?;
+        let launch = Launch {
+            layer_files: layers.clone(),
+            vcpus: vcpus(spec),
+            memory_mib: spec.resources.memory_mib,
+            hostname: spec.hostname.clone(),
+            accel,
+            first_stream: 1,
+        };
         let serial_sock = dir.join("port.sock");
         let qmp_sock = self.qmp_sock(&spec.id);
         let vm = VmSpec {
@@ -306,7 +429,7 @@ impl MicroVmDriver {
             initramfs: &initramfs,
             accel,
             machine: self.config.machine,
-            vcpus: (spec.resources.cpus.ceil() as u32).max(1),
+            vcpus: vcpus(spec),
             memory_mib: spec.resources.memory_mib,
             layers: &layers,
             writable: &writable,
@@ -314,6 +437,9 @@ impl MicroVmDriver {
             qmp_sock: &qmp_sock,
             hostname: &spec.hostname,
             jail: &self.config.run_dir.join(".jail"),
+            incoming: None,
+            // A pause to disk migrates this QEMU (see `VmSpec`).
+            writable_by_fd: true,
         };
         let mut child = qemu::spawn(&vm)?;
         let console = ConsoleTail::default();
@@ -324,7 +450,7 @@ impl MicroVmDriver {
         cgroup.add_pid(pid as i32).map_err(cgroup_err)?;
         let ready = self.wait_ready(&mut child, &serial_sock, &self.ctl_sock(&spec.id)).await;
         match ready {
-            Ok(mux) => Ok((Running { qemu: child, _mux: mux, paused: false }, accel)),
+            Ok(mux) => Ok((Running { qemu: child, _mux: mux, paused: false, launch }, accel)),
             Err(e) => {
                 let _ = child.start_kill();
                 let _ = child.wait().await;
@@ -339,31 +465,70 @@ impl MicroVmDriver {
         }
     }
 
-    /// Starts the mux and pings until init answers, QEMU dies or the
-    /// deadline passes.
     async fn wait_ready(&self, child: &mut Child, serial_sock: &Path, ctl_sock: &Path) -> Result<mux::Mux> {
         let limit = match self.config.machine {
             Machine::Micro => BOOT_DEADLINE,
             Machine::Q35 => FULL_BOOT_DEADLINE,
         };
-        let deadline = tokio::time::Instant::now() + limit;
-        let mux = mux::start(serial_sock, ctl_sock, Duration::from_secs(10)).await?;
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(BackendError::Setup(format!("QEMU exited during boot ({status})")));
-            }
-            if channel::ping(ctl_sock, Duration::from_millis(500)).await {
-                return Ok(mux);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(BackendError::Setup(format!("the VM's init did not answer within {limit:?}")));
+        wait_ready(child, serial_sock, ctl_sock, limit).await
+    }
+
+    /// What a snapshot of this sandbox's image and shape is made from.
+    async fn template(&self, spec: &SandboxSpec) -> Result<snapshot::Template> {
+        Ok(snapshot::Template {
+            qemu: self.config.qemu.clone(),
+            kernel: self.config.kernel.clone(),
+            initramfs: self.initramfs().await?.to_path_buf(),
+            accel: self.accel().await?,
+            jail: self.config.run_dir.join(".jail"),
+            cgroup_instance: self.config.cgroup_instance.clone(),
+            image_layers: spec.layers.clone(),
+            layer_files: self.layer_files(&spec.layers).await?,
+            shape: snapshot::Shape {
+                vcpus: vcpus(spec),
+                memory_mib: spec.resources.memory_mib,
+                disk_mib: spec.resources.disk_mib,
+                inodes: spec.resources.inodes,
+            },
+        })
+    }
+
+    /// Restores this shape's snapshot when there is one (starting its
+    /// build when there is none), else boots.
+    async fn restore_or_boot(
+        &self,
+        spec: &SandboxSpec,
+        dir: &Path,
+        cgroup: &SandboxCgroup,
+    ) -> Result<(Running, Accel, VmBoot)> {
+        if self.config.snapshots && self.config.machine == Machine::Micro {
+            let template = self.template(spec).await;
+            let keyed = template.and_then(|t| self.snapshots.key(&t).map(|key| (t, key)));
+            match keyed {
+                Ok((template, key)) => {
+                    self.snapshots.prune();
+                    match self.snapshots.ready(&key) {
+                        Some(snap) => match snapshot::restore(&snap, &template, dir, cgroup, &spec.hostname).await {
+                            Ok(running) => return Ok((running, template.accel, VmBoot::Snapshot)),
+                            Err(e) => {
+                                tracing::warn!(sandbox = %spec.id, "snapshot restore failed, booting instead: {e}");
+                                self.snapshots.discard(&key);
+                            }
+                        },
+                        None => self.snapshots.build_in_background(key, template),
+                    }
+                }
+                Err(e) => tracing::warn!(sandbox = %spec.id, "no snapshot boot: {e}"),
             }
         }
+        let (running, accel) = self.boot(spec, dir, cgroup).await?;
+        Ok((running, accel, VmBoot::Cold))
     }
 
     /// Kills QEMU (and anything else in its cgroup) and removes the cgroup
     /// and the directory.
     async fn remove(&self, id: &str) -> Result<()> {
+        self.on_disk().remove(id);
         let running = self.running().remove(id);
         if let Some(mut running) = running {
             let _ = running.qemu.start_kill();
@@ -437,13 +602,13 @@ impl Driver for MicroVmDriver {
             pids: QEMU_PIDS,
         };
         let booted = match cgroup.create(&limits).map_err(cgroup_err) {
-            Ok(()) => self.boot(spec, &dir, &cgroup).await,
+            Ok(()) => self.restore_or_boot(spec, &dir, &cgroup).await,
             Err(e) => Err(e),
         };
         match booted {
-            Ok((running, accel)) => {
+            Ok((running, accel, boot)) => {
                 self.running().insert(spec.id.clone(), running);
-                let state = HandleState { dir, accel };
+                let state = HandleState { dir, accel, boot: Some(boot) };
                 let state = serde_json::to_value(&state).map_err(|e| BackendError::Protocol(e.to_string()))?;
                 Ok(SandboxHandle { id: spec.id.clone(), backend: self.backend(), state })
             }
@@ -471,6 +636,9 @@ impl Driver for MicroVmDriver {
         if self.state(handle).is_err() {
             return Liveness::Dead { oom: false };
         }
+        if self.on_disk().contains_key(&handle.id) {
+            return Liveness::Alive;
+        }
         let (exited, paused) = match self.running().get_mut(&handle.id) {
             Some(running) => (!matches!(running.qemu.try_wait(), Ok(None)), running.paused),
             None => (true, false),
@@ -496,6 +664,9 @@ impl Driver for MicroVmDriver {
     /// them; memory stays allocated (no snapshot to disk yet).
     fn pause(&self, handle: &SandboxHandle) -> Result<()> {
         let _ = self.state(handle)?;
+        if self.on_disk().contains_key(&handle.id) {
+            return Ok(());
+        }
         if self.set_paused(&handle.id, true)? {
             return Ok(());
         }
@@ -515,9 +686,94 @@ impl Driver for MicroVmDriver {
         stopped
     }
 
-    /// QMP `cont`; the mux's streams carry on where they were.
+    /// The guest's memory and devices to `paused.mem` (a QEMU migration
+    /// stream), then QEMU exits: the memory is the host's again. The mux
+    /// goes first, so the guest ends its streams as for a node that went
+    /// away: running execs end (their processes are killed), while every
+    /// other process and all memory state (tmpfs, caches) stay as they are.
+    fn pause_to_disk(&self, handle: &SandboxHandle) -> Result<()> {
+        let _ = self.state(handle)?;
+        if self.config.machine != Machine::Micro {
+            return Err(BackendError::Unsupported(self.backend().as_str(), "pause to disk"));
+        }
+        if self.on_disk().contains_key(&handle.id) {
+            return Ok(());
+        }
+        let id = handle.id.as_str();
+        let sock = self.qmp_sock(id);
+        let mut vm = self.running().remove(id).ok_or(BackendError::Gone)?;
+        // Probes see it alive (and unpingable) from here on.
+        self.on_disk().insert(id.to_string(), OnDisk { launch: vm.launch.clone() });
+        let mem_path = self.dir(id).join(PAUSED_MEM);
+        let saved = (|| {
+            if vm.paused {
+                qmp::cont(&sock)?;
+            }
+            drop(std::mem::replace(&mut vm._mux, mux::Mux::detached()));
+            std::thread::sleep(DISK_PAUSE_QUIESCE);
+            qmp::stop(&sock)?;
+            let file = fs::File::create(&mem_path)
+                .map_err(|e| BackendError::io(format!("create {}", mem_path.display()), e))?;
+            qmp::migrate_to_file(&sock, &file, DISK_PAUSE_TIMEOUT)?;
+            file.sync_all().map_err(|e| BackendError::io(format!("sync {}", mem_path.display()), e))
+        })();
+        match saved {
+            Ok(()) => {
+                let _ = vm.qemu.start_kill();
+                // The cgroup's kill reaps nothing; QEMU must be gone before
+                // the resume opens the disk again.
+                let pid = vm.qemu.id();
+                for _ in 0..500 {
+                    if matches!(vm.qemu.try_wait(), Ok(Some(_))) || pid.is_none() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // Back to a running VM with a new mux, as if never paused.
+                let _ = fs::remove_file(&mem_path);
+                self.on_disk().remove(id);
+                let back = qmp::cont(&sock).and_then(|()| {
+                    mux::start_blocking(
+                        &self.dir(id).join("port.sock"),
+                        &self.ctl_sock(id),
+                        Duration::from_secs(10),
+                        vm.launch.first_stream.saturating_add(1 << 24),
+                    )
+                });
+                if let Ok(mux) = back {
+                    vm._mux = mux;
+                    vm.launch.first_stream = vm.launch.first_stream.saturating_add(1 << 24);
+                    vm.paused = false;
+                    self.running().insert(id.to_string(), vm);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// QMP `cont`; the mux's streams carry on where they were. A VM paused
+    /// to disk is started again from `paused.mem` first (blocking: QEMU
+    /// loads the guest's memory, a fraction of a second for a small guest).
     fn resume(&self, handle: &SandboxHandle) -> Result<()> {
         let _ = self.state(handle)?;
+        let saved = self.on_disk().remove(&handle.id);
+        if let Some(OnDisk { mut launch }) = saved {
+            launch.first_stream = launch.first_stream.saturating_add(1 << 24);
+            return match self.restore_from_disk(&handle.id, launch.clone()) {
+                Ok(vm) => {
+                    self.running().insert(handle.id.clone(), vm);
+                    Ok(())
+                }
+                Err(e) => {
+                    // Still on disk: a later resume may succeed.
+                    self.on_disk().insert(handle.id.clone(), OnDisk { launch });
+                    Err(e)
+                }
+            };
+        }
         let paused = self.running().get(&handle.id).map(|vm| vm.paused).ok_or(BackendError::Gone)?;
         if !paused {
             return Ok(());
@@ -529,6 +785,16 @@ impl Driver for MicroVmDriver {
 
     fn accelerator(&self, handle: &SandboxHandle) -> Option<Accel> {
         self.state(handle).ok().map(|s| s.accel)
+    }
+
+    /// Snapshots of replaced or removed images go at once (a create would
+    /// neither restore them nor keep them).
+    fn images_changed(&self) {
+        self.snapshots.prune();
+    }
+
+    fn boot(&self, handle: &SandboxHandle) -> Option<VmBoot> {
+        self.state(handle).ok().and_then(|s| s.boot)
     }
 
     /// Init serves the guest's files over the mux (the guest's root is a
@@ -545,11 +811,17 @@ impl Driver for MicroVmDriver {
 
     fn usage(&self, handle: &SandboxHandle) -> Result<Usage> {
         let _ = self.state(handle)?;
+        let rw = self.dir(&handle.id).join("rw.img");
+        if self.on_disk().contains_key(&handle.id) {
+            // No QEMU: no memory, CPU or threads; the disk stays.
+            let disk_bytes =
+                disks::allocated_bytes(&rw).map_err(|e| BackendError::io(format!("stat {}", rw.display()), e))?;
+            return Ok(Usage { memory_bytes: 0, memory_peak_bytes: 0, cpu_time_secs: 0.0, pids: 0, disk_bytes });
+        }
         if !self.running().contains_key(&handle.id) {
             return Err(BackendError::Gone);
         }
         let counters = self.cgroup(&handle.id)?.usage().map_err(cgroup_err)?;
-        let rw = self.dir(&handle.id).join("rw.img");
         Ok(Usage {
             memory_bytes: counters.memory_bytes,
             memory_peak_bytes: counters.memory_peak_bytes,
@@ -564,7 +836,7 @@ impl Driver for MicroVmDriver {
     async fn sweep(&self, keep: &[String]) -> Result<SweepReport> {
         let mut report = SweepReport::default();
         for id in self.known_ids()? {
-            if keep.contains(&id) && self.running().contains_key(&id) {
+            if keep.contains(&id) && (self.running().contains_key(&id) || self.on_disk().contains_key(&id)) {
                 continue;
             }
             self.remove(&id).await?;
@@ -574,10 +846,33 @@ impl Driver for MicroVmDriver {
     }
 
     async fn release(&self) -> Result<()> {
-        if !self.running().is_empty() {
+        self.snapshots.clear(&self.config.cgroup_instance).await?;
+        if !self.running().is_empty() || !self.on_disk().is_empty() {
             return Ok(());
         }
         SandboxCgroup::remove_instance(&self.config.cgroup_instance).map_err(cgroup_err)
+    }
+}
+
+/// vCPUs for the sandbox's CPU share.
+fn vcpus(spec: &SandboxSpec) -> u32 {
+    (spec.resources.cpus.ceil() as u32).max(1)
+}
+
+/// Starts the mux and pings until init answers, QEMU dies or `limit` passes.
+async fn wait_ready(child: &mut Child, serial_sock: &Path, ctl_sock: &Path, limit: Duration) -> Result<mux::Mux> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mux = mux::start(serial_sock, ctl_sock, Duration::from_secs(10)).await?;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(BackendError::Setup(format!("QEMU exited during boot ({status})")));
+        }
+        if channel::ping(ctl_sock, Duration::from_millis(500)).await {
+            return Ok(mux);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(BackendError::Setup(format!("the VM's init did not answer within {limit:?}")));
+        }
     }
 }
 

@@ -7,7 +7,9 @@
 //! `POST /v1/sandboxes/batch` (the same per item), `GET /v1/sandboxes` (every
 //! node's list, merged), everything under `/v1/sandboxes/{id}` (proxied:
 //! request and response bodies stream through, so exec output arrives as
-//! the node sends it), `GET /v1/cluster`, `GET /v1/health`, and the IAM
+//! the node sends it), `GET /v1/cluster`, `GET /v1/health`, `GET /metrics`
+//! and `GET /v1/stats` (this server's and the cluster's numbers, see
+//! [`crate::metrics`]), the `/ui` dashboard, and the IAM
 //! routes (`/v1/projects...`, `/v1/keys/{id}`: warren-control's own, over
 //! projects and keys in etcd). Every request passes [`iam::authorize`]
 //! first: creates land in the caller's project within its quotas, and
@@ -20,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, FromRef, Path, RawQuery, Request, State};
@@ -41,6 +43,9 @@ use warren_control::{Auth, IamRoutes};
 use warren_iam::Caller;
 
 use crate::iam::{self, ClusterUsage};
+use crate::ledger::QuotaLedger;
+use crate::line::{FairLine, Place};
+use crate::metrics::{ApiMetrics, ClusterLevels};
 use crate::placement::{self, Ask, Candidate};
 use crate::records::{self, Etcd, IdempotencyClaim, PlacementRecord};
 use crate::rng::Rng;
@@ -64,13 +69,16 @@ pub struct ApiState {
     /// Creates this server sent each node, with when and how much memory:
     /// counted as load until the node's next heartbeat includes them.
     pending: Arc<Mutex<Sent>>,
-    /// Creates waiting for room (`?queue=true`), bounded by
-    /// [`warren_api::DEFAULT_ADMISSION_QUEUE_LIMIT`].
-    waiting: Arc<std::sync::atomic::AtomicUsize>,
+    /// Creates waiting for room (`?queue=true`), fair across projects and
+    /// bounded by [`warren_api::DEFAULT_ADMISSION_QUEUE_LIMIT`].
+    line: Arc<FairLine>,
     /// Projects, keys and the quota gate, on etcd.
     auth: Auth,
     /// What runs per project, as the quota gate counts it.
     usage: ClusterUsage,
+    /// Room limited projects' creates hold cluster-wide.
+    ledger: Arc<QuotaLedger>,
+    metrics: Arc<ApiMetrics>,
 }
 
 impl FromRef<ApiState> for IamRoutes {
@@ -79,12 +87,17 @@ impl FromRef<ApiState> for IamRoutes {
     }
 }
 
-/// One place in the line of queued creates, given back on drop.
-struct QueuePlace(Arc<std::sync::atomic::AtomicUsize>);
+/// One place in the line of queued creates, given back on drop (when
+/// its wait is counted).
+struct QueuePlace {
+    place: Place,
+    since: Instant,
+    metrics: Arc<ApiMetrics>,
+}
 
 impl Drop for QueuePlace {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.metrics.left_queue(self.since.elapsed());
     }
 }
 
@@ -123,6 +136,7 @@ pub async fn start(
         .build()
         .map_err(|e| ClusterError::Config(format!("cannot build the HTTP client: {e}")))?;
     let usage = ClusterUsage::new(nodes.clone());
+    let ledger = QuotaLedger::new(etcd.clone(), nodes.clone(), &warren_node::new_id("api"));
     let state = ApiState {
         etcd,
         nodes,
@@ -130,9 +144,11 @@ pub async fn start(
         token,
         rng: Arc::new(Rng::new()),
         pending: Arc::new(Mutex::new(HashMap::new())),
-        waiting: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        line: FairLine::new(warren_api::DEFAULT_ADMISSION_QUEUE_LIMIT),
         auth,
         usage,
+        ledger,
+        metrics: ApiMetrics::new(),
     };
     let addr = listener.local_addr()?;
     let task = tokio::spawn(axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).into_future());
@@ -143,11 +159,16 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/cluster", get(cluster_status))
+        .route("/metrics", get(metrics_text))
+        .route("/v1/stats", get(stats))
         .route("/v1/sandboxes", post(create).get(list))
         .route("/v1/sandboxes/batch", post(create_batch))
+        .route("/v1/functions/run", post(run_function))
         .route("/v1/sandboxes/{id}", any(proxy))
         .route("/v1/sandboxes/{id}/{*rest}", any(proxy))
+        .merge(crate::images::routes())
         .merge(warren_control::iam_routes())
+        .merge(warren_control::ui_routes())
         .fallback(unsupported)
         .layer(axum::middleware::from_fn_with_state(state.clone(), iam::authorize))
         .with_state(state)
@@ -202,6 +223,36 @@ async fn cluster_status(State(s): State<ApiState>) -> Response {
         Err(e) => return store_error(e),
     };
     Json(summarise(nodes, lost)).into_response()
+}
+
+/// `GET /metrics`: this API server's counters and the cluster's levels.
+async fn metrics_text(State(s): State<ApiState>, headers: HeaderMap) -> Response {
+    let (format, content_type) = warren_control::metrics_format(&headers);
+    let nodes = s.nodes.all();
+    let lost = match lost_sandboxes(&s.etcd, &nodes).await {
+        Ok(lost) => Some(crate::metrics::lost_by_node(lost.iter().map(|info| info.id.as_str()))),
+        Err(e) => {
+            tracing::warn!("metrics: cannot read the placement records: {e}");
+            None
+        }
+    };
+    let queued = s.line.len() as u64;
+    let text = s.metrics.encode(&ClusterLevels { nodes, lost, queued }, format);
+    ([(header::CONTENT_TYPE, content_type)], text).into_response()
+}
+
+/// `GET /v1/stats`: every live node's own, added up
+/// ([`crate::metrics::merge_stats`] says what is approximate).
+async fn stats(State(s): State<ApiState>) -> Response {
+    let nodes = s.nodes.all();
+    let (parts, lost) =
+        tokio::join!(crate::metrics::fetch_node_stats(&s.http, &s.token, &nodes), lost_sandboxes(&s.etcd, &nodes));
+    let lost = match lost {
+        Ok(lost) => lost.len() as u64,
+        Err(e) => return store_error(e),
+    };
+    let queued = s.line.len() as u64;
+    Json(crate::metrics::merge_stats(&parts, queued, lost, warren_node::now_ms())).into_response()
 }
 
 /// The sandboxes given up with lost nodes (`live` are the nodes registered
@@ -326,7 +377,8 @@ async fn create(
         Err(e) => return warren_control::iam_error(e),
     };
     let body = Bytes::from(serde_json::to_vec(&parsed).unwrap_or_default());
-    let (status, answer) = place_and_create(&s, query.as_deref(), &body, &ask, key.as_deref(), queue, &|_| {}).await;
+    let wait = queue.then_some(Wait { project: &project, on_wait: &|_| {} });
+    let (status, answer) = place_and_count(&s, query.as_deref(), &body, &ask, key.as_deref(), wait).await;
     s.count_placed(status, &answer, &project, cpus_of(&parsed), ask.memory_mib);
     (status, Json(answer)).into_response()
 }
@@ -348,17 +400,40 @@ fn store_answer(e: ClusterError) -> Answer {
     answer_of(Reject::new(ErrorCode::StoreUnavailable, format!("the cluster's state store: {e}"), None))
 }
 
+/// How a create waits for room (`?queue=true`): in its project's line,
+/// calling `on_wait` with the whole line's length when it joins.
+#[derive(Clone, Copy)]
+struct Wait<'a> {
+    project: &'a str,
+    on_wait: &'a (dyn Fn(usize) + Send + Sync),
+}
+
+/// [`place_and_create`], counted in the API server's metrics.
+async fn place_and_count(
+    s: &ApiState,
+    query: Option<&str>,
+    body: &Bytes,
+    ask: &Ask,
+    key: Option<&str>,
+    wait: Option<Wait<'_>>,
+) -> Answer {
+    let started = Instant::now();
+    let (status, answer) = place_and_create(s, query, body, ask, key, wait).await;
+    s.metrics.create_answered(ask.backend, status.as_u16(), &answer, started.elapsed());
+    (status, answer)
+}
+
 /// Places one create and sends it to the chosen node, trying others on a
-/// refusal; with `queue`, waits for room in the bounded line (calling
-/// `on_wait` with the line's length when it joins).
+/// refusal; with `wait`, waits for room in the bounded line, fair across
+/// projects (see [`crate::line`]): when others already wait it joins them
+/// before its first try.
 async fn place_and_create(
     s: &ApiState,
     query: Option<&str>,
     body: &Bytes,
     ask: &Ask,
     key: Option<&str>,
-    queue: bool,
-    on_wait: &(dyn Fn(usize) + Send + Sync),
+    wait: Option<Wait<'_>>,
 ) -> Answer {
     // A key already claimed goes where it went the first time.
     if let Some(key) = key {
@@ -381,6 +456,11 @@ async fn place_and_create(
         }
     }
     let mut place_in_line: Option<QueuePlace> = None;
+    if let Some(wait) = wait.filter(|_| !s.line.is_empty()) {
+        let Some(mut place) = s.join_queue(wait) else { return queue_full() };
+        place.place.wait_turn(QUEUE_RETRY).await;
+        place_in_line = Some(place);
+    }
     let mut excluded = BTreeSet::new();
     let mut refusals = Vec::new();
     // The last node's answer when every refusal was "no such image": the
@@ -408,17 +488,16 @@ async fn place_and_create(
                 }
                 // `?queue=true`: wait for room (a node may free some, or
                 // join), in a bounded line, instead of refusing.
-                if queue {
+                if let Some(wait) = wait {
                     if place_in_line.is_none() {
-                        match s.join_queue() {
-                            Some((place, length)) => {
-                                place_in_line = Some(place);
-                                on_wait(length);
-                            }
+                        match s.join_queue(wait) {
+                            Some(place) => place_in_line = Some(place),
                             None => return queue_full(),
                         }
                     }
-                    tokio::time::sleep(QUEUE_RETRY).await;
+                    if let Some(place) = &mut place_in_line {
+                        place.place.wait_turn(QUEUE_RETRY).await;
+                    }
                     excluded.clear();
                     refusals.clear();
                     continue;
@@ -466,6 +545,7 @@ async fn place_and_create(
                 Ok((status, answer)) if is_missing_image(answer) => missing_image = Some((*status, answer.clone())),
                 _ => only_missing_images = false,
             }
+            s.metrics.refused(&node, &why);
             refusals.push(format!("{node}: {why}"));
             excluded.insert(node.clone());
             if let (Some(key), Some(revision)) = (key, claimed) {
@@ -474,6 +554,11 @@ async fn place_and_create(
                 }
             }
             continue;
+        }
+        if let (Some(place), Ok((status, _))) = (&mut place_in_line, &outcome) {
+            if status.is_success() {
+                place.place.placed();
+            }
         }
         return match outcome {
             Ok((status, answer)) => finish_create(s, status, answer, placement).await,
@@ -535,8 +620,9 @@ async fn create_batch(State(s): State<ApiState>, Extension(caller): Extension<Ca
                         let _ = tx.send(BatchFrame::Queued { position: length as u64, items_waiting });
                     }
                 };
+                let wait = queue.then_some(Wait { project: &project, on_wait: &joined });
                 let (status, answer) =
-                    place_and_create(&s, query, &body, &ask, item.idempotency_key.as_deref(), queue, &joined).await;
+                    place_and_count(&s, query, &body, &ask, item.idempotency_key.as_deref(), wait).await;
                 s.count_placed(status, &answer, &project, item.cpus, item.memory_mib);
                 // A retry (200) took no room; a made or failed item gives its share back.
                 if let (Some(quota), false) = (quota.as_ref(), status == StatusCode::OK) {
@@ -555,10 +641,12 @@ async fn create_batch(State(s): State<ApiState>, Extension(caller): Extension<Ca
                 Ok(info) if status.is_success() => {
                     let fresh = status == StatusCode::CREATED;
                     *(if fresh { &mut made } else { &mut existing }) += 1;
+                    s.metrics.batch_item(if fresh { "made" } else { "existing" });
                     BatchFrame::Item { index, sandbox: Some(Box::new(info)), made: fresh, error: None }
                 }
                 _ => {
                     failed += 1;
+                    s.metrics.batch_item("failed");
                     let error = serde_json::from_value::<ApiError>(answer.clone()).unwrap_or_else(|_| {
                         ApiError::new(ErrorCode::Internal, format!("node answered {status}: {answer}"))
                     });
@@ -713,6 +801,14 @@ impl ApiState {
         &self.usage
     }
 
+    pub(crate) fn nodes(&self) -> &NodeView {
+        &self.nodes
+    }
+
+    pub(crate) fn ledger(&self) -> &Arc<QuotaLedger> {
+        &self.ledger
+    }
+
     /// Counts a sandbox a create just made (201) against its project
     /// until its node's heartbeat does.
     fn count_placed(&self, status: StatusCode, answer: &Value, project: &str, cpus: f64, memory_mib: u64) {
@@ -724,13 +820,12 @@ impl ApiState {
         }
     }
 
-    /// A place in the line of waiting creates, and the line's length with
-    /// it; `None` when the line is full.
-    fn join_queue(&self) -> Option<(QueuePlace, usize)> {
-        let limit = warren_api::DEFAULT_ADMISSION_QUEUE_LIMIT;
-        let before = self.waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let place = QueuePlace(self.waiting.clone());
-        (before < limit).then_some((place, before + 1))
+    /// A place in the project's line of waiting creates (telling
+    /// `on_wait` the whole line's length); `None` when the line is full.
+    fn join_queue(&self, wait: Wait<'_>) -> Option<QueuePlace> {
+        let (place, length) = self.line.join(wait.project)?;
+        (wait.on_wait)(length);
+        Some(QueuePlace { place, since: Instant::now(), metrics: self.metrics.clone() })
     }
 
     fn note_pending(&self, node: &str, memory_mib: u64) {
@@ -853,34 +948,11 @@ async fn proxy(State(s): State<ApiState>, Path(params): Path<HashMap<String, Str
     let Some(status) = s.nodes.get(&node) else {
         return answer_for_absent_node(&s, &node, &id, request.method(), is_info).await;
     };
-    let path_and_query = request.uri().path_and_query().map_or(request.uri().path(), |pq| pq.as_str()).to_string();
-    let method = request.method().clone();
-    let mut headers = HeaderMap::new();
-    for (name, value) in request.headers() {
-        if !HOP_HEADERS.contains(&name.as_str()) && name.as_str() != token::HEADER {
-            headers.append(name.clone(), value.clone());
-        }
-    }
-    let body = reqwest::Body::wrap_stream(request.into_body().into_data_stream());
-    let sent = s
-        .http
-        .request(method.clone(), format!("{}{path_and_query}", status.url))
-        .headers(headers)
-        .header(token::HEADER, s.token.as_str())
-        .body(body)
-        .send()
-        .await;
-    let response = match sent {
+    let response = match send_on(&s, &node, &status.url, request).await {
         Ok(r) => r,
-        Err(e) => return error(ErrorCode::NodeUnavailable, format!("node {node}: {e}"), None),
+        Err(answer) => return answer,
     };
-    let code = StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let mut out_headers = HeaderMap::new();
-    for (name, value) in response.headers() {
-        if !HOP_HEADERS.contains(&name.as_str()) {
-            out_headers.append(name.clone(), value.clone());
-        }
-    }
+    let (code, mut out_headers) = answer_head(&response);
     // The sandbox's info gains its placement (small JSON, read whole).
     if is_info && code.is_success() {
         let bytes = match response.bytes().await {
@@ -900,6 +972,99 @@ async fn proxy(State(s): State<ApiState>, Path(params): Path<HashMap<String, Str
     let stream = response.bytes_stream().map_err(std::io::Error::other);
     (code, out_headers, Body::from_stream(stream)).into_response()
 }
+
+/// Sends `request` on to `node` (at `base`) as it came, with the cluster
+/// token instead of any the client sent and without hop-by-hop headers;
+/// the body streams through.
+pub(crate) async fn send_on(
+    s: &ApiState,
+    node: &str,
+    base: &str,
+    request: Request,
+) -> Result<reqwest::Response, Response> {
+    let path_and_query = request.uri().path_and_query().map_or(request.uri().path(), |pq| pq.as_str()).to_string();
+    let method = request.method().clone();
+    let mut headers = HeaderMap::new();
+    for (name, value) in request.headers() {
+        if !HOP_HEADERS.contains(&name.as_str()) && name.as_str() != token::HEADER {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    let body = reqwest::Body::wrap_stream(request.into_body().into_data_stream());
+    let sent = s
+        .http
+        .request(method, format!("{base}{path_and_query}"))
+        .headers(headers)
+        .header(token::HEADER, s.token.as_str())
+        .body(body)
+        .send()
+        .await;
+    sent.map_err(|e| error(ErrorCode::NodeUnavailable, format!("node {node}: {e}"), None))
+}
+
+/// A node's status and headers as the client gets them.
+fn answer_head(response: &reqwest::Response) -> (StatusCode, HeaderMap) {
+    let code = StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut headers = HeaderMap::new();
+    for (name, value) in response.headers() {
+        if !HOP_HEADERS.contains(&name.as_str()) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    (code, headers)
+}
+
+/// `POST /v1/functions/run`: one call, run by a node that holds the
+/// call's image (function workers are the node's own; they take no room
+/// in its sandbox books), the least loaded of a sample as for a create.
+async fn run_function(State(s): State<ApiState>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let body = match axum::body::to_bytes(body, FUNCTION_BODY_LIMIT).await {
+        Ok(b) => b,
+        Err(e) => return error(ErrorCode::InvalidRequest, format!("the body: {e}"), None),
+    };
+    let parsed: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return error(ErrorCode::InvalidRequest, format!("the body is not JSON: {e}"), None),
+    };
+    let image = match parsed.get("image") {
+        None | Some(Value::Null) => warren_api::DEFAULT_IMAGE.to_string(),
+        Some(Value::String(i)) => i.clone(),
+        Some(_) => return error(ErrorCode::InvalidRequest, "must be a string", Some("image")),
+    };
+    let ask = Ask { backend: Backend::Function, image: image.clone(), memory_mib: 0, disk_mib: 0 };
+    let choice = {
+        let nodes = s.nodes.all();
+        let others: BTreeSet<String> =
+            nodes.iter().filter(|n| !n.images.contains(&image)).map(|n| n.name.clone()).collect();
+        let candidates: Vec<Candidate<'_>> =
+            nodes.iter().map(|n| Candidate { node: n, pending_sandboxes: 0, pending_memory_mib: 0 }).collect();
+        placement::choose(&candidates, &ask, &others, &mut |n| s.rng.below(n))
+    };
+    let choice = match choice {
+        Ok(c) => c,
+        Err(why) => {
+            let message =
+                format!("no node can run a call of image `{image}`: {why} (nodes without the image left out)");
+            return error(ErrorCode::InvalidRequest, message, Some("image"));
+        }
+    };
+    let Some(status) = s.nodes.get(&choice.node) else {
+        return error(ErrorCode::NodeUnavailable, format!("node {} is not registered", choice.node), None);
+    };
+    let request = Request::from_parts(parts, Body::from(body));
+    match send_on(&s, &choice.node, &status.url, request).await {
+        Ok(response) => {
+            let (code, headers) = answer_head(&response);
+            let stream = response.bytes_stream().map_err(std::io::Error::other);
+            (code, headers, Body::from_stream(stream)).into_response()
+        }
+        Err(answer) => answer,
+    }
+}
+
+/// A function call's request: its code, stdin and files in, with room to spare.
+const FUNCTION_BODY_LIMIT: usize = 2 * warren_api::MAX_FUNCTION_FILES_BYTES as usize;
 
 /// The node is not registered: lost (answer from the record) or briefly
 /// away (503; the client may retry).

@@ -17,4 +17,6 @@ pub enum ClusterError {
     Io(#[from] std::io::Error),
     #[error("IAM: {0}")]
     Iam(#[from] warren_iam::IamError),
+    #[error("a shared record is corrupt: {0}")]
+    Corrupt(String),
 }

@@ -10,8 +10,11 @@
 //!   answers word for word as one that does not exist (404).
 //! - Quotas: the gate counts what the live nodes report per project in
 //!   their heartbeats, plus the creates this API server finished since a
-//!   node's last heartbeat ([`ClusterUsage`]). Nodes run without IAM and
-//!   trust the project an API server writes into the create.
+//!   node's last heartbeat ([`ClusterUsage`]), plus - for a project with a
+//!   concurrency quota on its path - the other API servers' holds in the
+//!   quota ledger, where its own create then takes its room by
+//!   compare-and-swap ([`crate::ledger`]). Nodes run without IAM and trust
+//!   the project an API server writes into the create.
 //! - The root admin key is made once per cluster: the API server that wins
 //!   a put-if-absent on `meta/cluster/admin-key` keeps it
 //!   ([`bootstrap_admin_key`]).
@@ -19,6 +22,7 @@
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{Request, State};
+use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -30,6 +34,7 @@ use warren_store::{StateStore, StateStoreExt, Table};
 use warren_store_etcd::EtcdStore;
 
 use crate::api::ApiState;
+use crate::ledger::HoldGuard;
 use crate::records::{self, Etcd};
 use crate::watcher::NodeView;
 use crate::ClusterError;
@@ -146,7 +151,8 @@ pub(crate) async fn blocking<T: Send + 'static>(
 /// The middleware in front of every route of the API role.
 pub(crate) async fn authorize(State(s): State<ApiState>, mut request: Request, next: Next) -> Response {
     let path = request.uri().path().to_owned();
-    if path == "/v1/health" {
+    // The dashboard's page is open, as on one node; what it reads is not.
+    if path == "/v1/health" || path == "/ui" || path.starts_with("/ui/") {
         return next.run(request).await;
     }
     let auth = s.auth().clone();
@@ -157,7 +163,8 @@ pub(crate) async fn authorize(State(s): State<ApiState>, mut request: Request, n
         Err(_) => return HttpError(ApiError::new(ErrorCode::Internal, "authentication was cancelled")).into_response(),
     };
     let is_root = caller.project == ROOT_PROJECT;
-    if !is_root && path == "/v1/cluster" {
+    let image_change = path.starts_with("/v1/images") && request.method() != Method::GET;
+    if !is_root && (image_change || matches!(path.as_str(), "/v1/cluster" | "/metrics" | "/v1/stats")) {
         let e = ApiError::new(
             ErrorCode::Forbidden,
             "this route counts every project's sandboxes: it needs a key of the root project",
@@ -213,7 +220,7 @@ pub(crate) async fn admit(
     field: &str,
     count: u64,
     queue: bool,
-) -> Result<(String, Option<Admitted>), IamError> {
+) -> Result<(String, Option<Held>), IamError> {
     let Some(object) = body.as_object_mut() else {
         return Err(IamError::Invalid { field: field.into(), message: "the body must be a JSON object".into() });
     };
@@ -239,8 +246,60 @@ pub(crate) async fn admit(
     let cpus = object.get("cpus").and_then(Value::as_f64).unwrap_or(defaults.cpus);
     let memory_mib = object.get("memory_mib").and_then(Value::as_u64).unwrap_or(defaults.memory_mib);
     let demand = Demand { count, cpus, memory_mib };
-    let admitted = s.auth().iam.admit(&project, demand, s.usage(), queue).await?;
-    Ok((project, Some(admitted)))
+    let iam = s.auth().iam.clone();
+    let limited = {
+        let (iam, project) = (iam.clone(), project.clone());
+        blocking(move || iam.has_concurrency_quota(&project)).await?
+    };
+    if !limited {
+        let local = iam.admit(&project, demand, s.usage(), queue).await?;
+        return Ok((project, Some(Held { local, _hold: None })));
+    }
+    // The ledger (see `crate::ledger`): admitted against what the other
+    // API servers hold, then held there unless one of them wrote first.
+    for _ in 0..LEDGER_ATTEMPTS {
+        let snapshot = s.ledger().read().await.map_err(cluster_to_iam)?;
+        let source = WithOthers { base: s.usage(), others: s.ledger().others_usage(&snapshot) };
+        let local = iam.admit(&project, demand, &source, queue).await?;
+        if let Some(hold) = s.ledger().try_take(snapshot, &project, demand).await.map_err(cluster_to_iam)? {
+            return Ok((project, Some(Held { local, _hold: Some(hold) })));
+        }
+    }
+    Err(IamError::Internal(format!("the quota ledger stayed contended for {LEDGER_ATTEMPTS} attempts")))
+}
+
+/// How often a create reads the ledger again when other API servers keep
+/// writing it first.
+const LEDGER_ATTEMPTS: usize = 64;
+
+/// Room a create took: in this API server's gate, and, for a project with
+/// a concurrency quota, in the cluster's quota ledger (marked done when
+/// this is dropped).
+pub(crate) struct Held {
+    local: Admitted,
+    _hold: Option<HoldGuard>,
+}
+
+impl Held {
+    /// See [`Admitted::release_one`] (the ledger's hold stays until the
+    /// whole batch is done).
+    pub(crate) fn release_one(&self) {
+        self.local.release_one();
+    }
+}
+
+/// The gate's view with the other API servers' holds counted as live.
+struct WithOthers<'a> {
+    base: &'a ClusterUsage,
+    others: Vec<SandboxUsage>,
+}
+
+impl UsageSource for WithOthers<'_> {
+    fn live(&self) -> Vec<SandboxUsage> {
+        let mut live = self.base.live();
+        live.extend(self.others.iter().cloned());
+        live
+    }
 }
 
 /// Whether a create with idempotency `key` is a retry (its key was
@@ -258,14 +317,14 @@ pub fn open(store: Arc<EtcdStore>, required: bool) -> Result<Auth, ClusterError>
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeMap;
 
     use warren_api::QuotaUse;
 
     use super::*;
 
-    fn node(name: &str, heartbeat_at_ms: u64, usage: &[(&str, u64, f64, u64)]) -> NodeStatus {
+    pub(crate) fn node(name: &str, heartbeat_at_ms: u64, usage: &[(&str, u64, f64, u64)]) -> NodeStatus {
         let mut status: NodeStatus = serde_json::from_value(serde_json::json!({
             "name": name, "url": "http://x", "backends": [], "cpus": 1.0, "memory_total_mib": 1,
             "disk_free_mib": 1, "books": {"sandboxes_max": 1, "sandboxes_live": 0, "sandboxes_paused": 0,

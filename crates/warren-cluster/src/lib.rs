@@ -13,6 +13,8 @@
 //!   `node_lost` ([`watcher`]). Any number run side by side. It enforces
 //!   IAM and quotas with projects and keys in etcd ([`iam`]); nodes trust
 //!   the project it writes into a create.
+//!   It serves `/metrics`, `/v1/stats` summed over the nodes, and the `/ui`
+//!   dashboard ([`metrics`]).
 //!
 //! Owns: the cluster records in etcd (node registrations, placements,
 //! cluster-wide idempotency claims), placement, routing and the node-loss
@@ -21,6 +23,10 @@
 
 pub mod api;
 pub mod iam;
+pub mod images;
+pub mod ledger;
+pub mod line;
+pub mod metrics;
 pub mod node_agent;
 pub mod placement;
 pub mod records;

@@ -1,11 +1,16 @@
 //! A cluster on one machine, for tests and benchmarks: a bridge on the host
 //! and one network namespace per node, each with its own address, so that
 //! node agents, API servers and etcd talk over real interfaces. Names carry
-//! the process id; dropping the [`Lab`] deletes the namespaces (and with
+//! the process id and the lab's number in the process (tests of one binary
+//! run at once); dropping the [`Lab`] deletes the namespaces (and with
 //! them the veth pairs) and the bridge. No traffic leaves these test hosts.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Labs made by this process so far.
+static LABS: AtomicU32 = AtomicU32::new(0);
 
 /// The network: a bridge on the host side, one namespace per node.
 pub struct Lab {
@@ -24,16 +29,18 @@ impl Lab {
     /// test or benchmark cannot go on without them).
     pub fn new(nodes: usize) -> Lab {
         let pid = std::process::id();
+        let seq = LABS.fetch_add(1, Ordering::SeqCst);
+        let tag = format!("{}l{seq}", pid % 100_000);
         let lab = Lab {
-            bridge: format!("wcb{}", pid % 100_000),
-            namespaces: (0..nodes).map(|i| format!("wcl-{pid}-{i}")).collect(),
-            subnet: (pid % 250) as u8,
+            bridge: format!("wcb{tag}"),
+            namespaces: (0..nodes).map(|i| format!("wcl-{pid}-{seq}-{i}")).collect(),
+            subnet: ((pid + seq) % 250) as u8,
         };
         ip(&["link", "add", &lab.bridge, "type", "bridge"]);
         ip(&["addr", "add", &format!("{}/24", lab.host_ip()), "dev", &lab.bridge]);
         ip(&["link", "set", &lab.bridge, "up"]);
         for (i, ns) in lab.namespaces.iter().enumerate() {
-            let (host_end, node_end) = (format!("wcv{}n{i}", pid % 100_000), format!("wcp{}n{i}", pid % 100_000));
+            let (host_end, node_end) = (format!("wcv{tag}n{i}"), format!("wcp{tag}n{i}"));
             ip(&["netns", "add", ns]);
             ip(&["link", "add", &host_end, "type", "veth", "peer", "name", &node_end]);
             ip(&["link", "set", &node_end, "netns", ns]);

@@ -140,13 +140,29 @@ pub async fn create_batch(
     ([(header::CONTENT_TYPE, NDJSON)], Body::from_stream(body)).into_response()
 }
 
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct PauseQuery {
+    /// `microvm`: write the guest's memory to disk and stop its QEMU (the
+    /// memory is freed); the resume loads it back. Running execs end (their
+    /// processes are killed); every other process and file stays. Other
+    /// backends answer 501 `unsupported`.
+    #[serde(default)]
+    pub to_disk: bool,
+}
+
 /// Freezes the sandbox: its processes make no progress until it is
 /// resumed, explicitly or by the next exec, session command, file or
 /// events call. The lifetime keeps counting; the idle timeout does not.
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", params(("id" = String, Path)),
-    responses((status = 200, body = SandboxInfo), (status = 404, body = ApiError), (status = 410, body = ApiError), (status = 501, body = ApiError)))]
-pub async fn pause_sandbox(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<SandboxInfo>, HttpError> {
-    Ok(Json(s.node.pause(&id).await?))
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", params(("id" = String, Path), PauseQuery),
+    responses((status = 200, body = SandboxInfo), (status = 400, body = ApiError), (status = 404, body = ApiError), (status = 410, body = ApiError), (status = 501, body = ApiError)))]
+pub async fn pause_sandbox(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PauseQuery>,
+) -> Result<Json<SandboxInfo>, HttpError> {
+    Ok(Json(s.node.pause_with(&id, q.to_disk).await?))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", params(("id" = String, Path)),

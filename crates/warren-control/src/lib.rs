@@ -31,7 +31,9 @@ use warren_node::Node;
 
 pub use auth::{caller_of, iam_error, resolve_project, sandbox_id, Auth};
 pub use error::HttpError;
+pub use metrics::negotiate as metrics_format;
 pub use projects::{routes as iam_routes, IamRoutes};
+pub use ui::routes as ui_routes;
 pub use warren_e2b::E2bConfig;
 
 #[derive(Clone)]
@@ -55,10 +57,7 @@ pub fn router_with_auth(node: Node, auth: Option<Auth>) -> Router {
         .route("/v1/health", get(health))
         .route("/v1/stats", get(metrics::stats))
         .route("/metrics", get(metrics::metrics))
-        .route("/ui", get(ui::index))
-        .route("/ui/", get(ui::index))
-        .route("/ui/app.js", get(ui::app_js))
-        .route("/ui/style.css", get(ui::style_css))
+        .merge(ui::routes())
         .route("/v1/openapi.json", get(openapi_json))
         .route("/v1/images", get(list_images).post(import_image_dir))
         .route("/v1/images/stats", get(image_stats))

@@ -12,17 +12,23 @@ use warren_node::metrics::{Format, OPENMETRICS_CONTENT_TYPE, PROMETHEUS_CONTENT_
 use crate::error::HttpError;
 use crate::AppState;
 
+/// The text format a scraper asked for, and its `Content-Type`:
 /// Prometheus text format 0.0.4 unless `Accept` names OpenMetrics.
-pub async fn metrics(State(s): State<AppState>, headers: HeaderMap) -> Response {
+pub fn negotiate(headers: &HeaderMap) -> (Format, &'static str) {
     let wants_openmetrics = headers
         .get_all(header::ACCEPT)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .any(|v| v.contains("application/openmetrics-text"));
-    let (format, content_type) = match wants_openmetrics {
+    match wants_openmetrics {
         true => (Format::OpenMetrics, OPENMETRICS_CONTENT_TYPE),
         false => (Format::Prometheus, PROMETHEUS_CONTENT_TYPE),
-    };
+    }
+}
+
+/// `GET /metrics`: the node's registry in the negotiated format.
+pub async fn metrics(State(s): State<AppState>, headers: HeaderMap) -> Response {
+    let (format, content_type) = negotiate(&headers);
     let node = s.node.clone();
     // Reading the image cache's counters walks its layers: off the runtime.
     match tokio::task::spawn_blocking(move || node.metrics_text(format)).await {

@@ -3,10 +3,14 @@
 //! reads the public API like any client: `GET /v1/stats` for the overview
 //! and the live charts, `GET /v1/sandboxes` for the list, and a sandbox's
 //! record, exec history (its trajectory log when the server has one) and
-//! security events for the detail view.
+//! security events for the detail view. A cluster's API servers serve
+//! the same page ([`routes`]); there it also lists the nodes from
+//! `GET /v1/cluster`.
 
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
 
 const INDEX_HTML: &str = include_str!("../ui/index.html");
 const APP_JS: &str = include_str!("../ui/app.js");
@@ -21,14 +25,23 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     answer
 }
 
-pub async fn index() -> Response {
+async fn index() -> Response {
     asset("text/html; charset=utf-8", INDEX_HTML)
 }
 
-pub async fn app_js() -> Response {
+async fn app_js() -> Response {
     asset("text/javascript; charset=utf-8", APP_JS)
 }
 
-pub async fn style_css() -> Response {
+async fn style_css() -> Response {
     asset("text/css; charset=utf-8", STYLE_CSS)
+}
+
+/// `/ui` and its assets; they need no state, so any router can merge them.
+pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
+    Router::new()
+        .route("/ui", get(index))
+        .route("/ui/", get(index))
+        .route("/ui/app.js", get(app_js))
+        .route("/ui/style.css", get(style_css))
 }

@@ -41,7 +41,7 @@ function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
     if (k === "class") e.className = v;
-    else if (k.startsWith("data-")) e.setAttribute(k, v);
+    else if (k.startsWith("data-") || k.startsWith("aria-")) e.setAttribute(k, v);
     else e[k] = v;
   }
   for (const c of children) {
@@ -247,6 +247,65 @@ async function pollStats() {
   } catch (e) {
     $("#status").textContent = "unreachable";
     $("#status").className = "status down";
+  }
+}
+
+// ---- nodes (a cluster's API server only) ------------------------------------------
+
+/// `GET /v1/cluster` answers on a cluster's API servers; a single server
+/// answers 404 (and a key outside the root project 403): then the section
+/// stays hidden and is not asked again.
+let clusterServed = true;
+
+function nodesSection() {
+  let section = $("#nodes");
+  if (section) return section;
+  section = el("section", { id: "nodes", "aria-label": "Cluster nodes" },
+    el("h2", {}, "Nodes ", el("span", { id: "nodes-summary", class: "muted" })),
+    el("table", { id: "node-list" },
+      el("thead", {}, el("tr", {}, ...["Node", "Address", "Backends", "Running", "Live / max", "CPUs",
+        "Memory committed / host", "Disk free", "Queue", "Heartbeat"].map((h) => el("th", {}, h)))),
+      el("tbody")));
+  $("#overview").after(section);
+  return section;
+}
+
+function renderCluster(cluster) {
+  nodesSection();
+  const now = Date.now();
+  const lost = cluster.lost ? `, ${cluster.lost} sandbox${cluster.lost === 1 ? "" : "es"} lost with their nodes` : "";
+  $("#nodes-summary").textContent = `${cluster.nodes.length} up, ${cluster.running} running${lost}`;
+  const body = $("#node-list").tBodies[0];
+  body.replaceChildren();
+  for (const n of cluster.nodes) {
+    const b = n.books;
+    const running = Object.values(n.running_by_backend).reduce((a, v) => a + v, 0);
+    body.append(el("tr", { "data-node": n.name },
+      el("td", { class: "id" }, n.name),
+      el("td", { class: "id" }, n.url),
+      el("td", {}, n.backends.join(", ")),
+      el("td", {}, running),
+      el("td", {}, `${b.sandboxes_live} / ${b.sandboxes_max}`),
+      el("td", {}, fmtNum(n.cpus, 0)),
+      el("td", {}, `${fmtBytes(b.memory_mib_committed * 1048576)} / ${fmtBytes(n.memory_total_mib * 1048576)}`),
+      el("td", {}, fmtBytes(n.disk_free_mib * 1048576)),
+      el("td", {}, `${b.queue_waiting} / ${b.queue_limit}`),
+      el("td", {}, fmtDuration(now - n.heartbeat_at_ms) + " ago")));
+  }
+}
+
+async function pollCluster() {
+  if (!clusterServed) return;
+  try {
+    renderCluster(await getJSON("/v1/cluster"));
+  } catch (e) {
+    // Not a cluster (or not ours to see): no section. Anything else (an
+    // unreachable server) is shown by the status badge; try again later.
+    if (e.status === 404 || e.status === 403 || e.status === 401 || e.status === 501) {
+      clusterServed = false;
+      const section = $("#nodes");
+      if (section) section.remove();
+    }
   }
 }
 
@@ -463,6 +522,8 @@ window.addEventListener("resize", () => Object.values(charts).forEach((c) => c.d
 
 pollStats();
 pollList();
+pollCluster();
 setInterval(pollStats, STATS_EVERY_MS);
 setInterval(pollList, LIST_EVERY_MS);
+setInterval(pollCluster, LIST_EVERY_MS);
 setInterval(refreshDetail, DETAIL_EVERY_MS);

@@ -5,11 +5,13 @@
 //! abstract sockets it may use (the Landlock ruleset), and the cgroups that
 //! bound it (v1 controllers where this host has them, plus a cgroup2
 //! directory that later carries eBPF programs), and the reserve a node keeps
-//! back from all its sandboxes together.
+//! back from all its sandboxes together; and the kernel's audit channel
+//! that reports Landlock's refusals (`audit`).
 //!
 //! Invariant: a profile only ever tightens.
 //! Never: executes anything from a sandbox's image.
 
+pub mod audit;
 pub mod cgroup;
 pub mod landlock;
 pub mod profile;

@@ -463,7 +463,8 @@ pub fn syscall_number(name: &str) -> Option<i64> {
     X86_64_SYSCALLS.iter().find(|(n, _)| *n == name).map(|(_, nr)| *nr)
 }
 
-fn syscall_name(number: i64) -> Option<&'static str> {
+/// The name of x86_64 system call `number`.
+pub fn syscall_name(number: i64) -> Option<&'static str> {
     X86_64_SYSCALLS.iter().find(|(_, nr)| *nr == number).map(|(n, _)| *n)
 }
 

@@ -3,16 +3,20 @@
 //! how a mounted distributed filesystem such as 3FS, CephFS or NFS is used)
 //! or an S3-compatible service.
 //!
-//! Keys: `chunks/sha256/<hex>`, `layers/<name>/<version>.json`,
+//! Keys: `chunks/sha256/<hex>`, `metadata/sha256/<hex>` (a layer's
+//! metadata blob, see [`crate::metablob`]), `layers/<name>/<version>.json`,
 //! `images/<name>/<tag>.json`.
 //!
 //! Invariants: a chunk is never returned unless its sha256 and length match
-//! the layer manifest; an eagerly pulled layer appears at its destination
+//! the layer manifest, nor a metadata blob unless its sha256, length and
+//! range table match it; an eagerly pulled layer appears at its destination
 //! only after its whole-file digest matched; a layer manifest is written
-//! only after all of its chunks are stored, so a manifest never names a
-//! missing chunk; layer manifests are immutable (pushing another file under
-//! an existing `name@version` is refused). A chunk already present with the
-//! right length is not rewritten (dedup across layers and images).
+//! only after all of its chunks and its metadata blob are stored, so a
+//! manifest never names a missing object; layer manifests are immutable
+//! (pushing another file under an existing `name@version` is refused; the
+//! one exception adds a metadata blob to a manifest stored before they
+//! existed, for the same file). A chunk already present with the right
+//! length is not rewritten (dedup across layers and images).
 //!
 //! Durability: `object_store`'s local backend publishes each object by
 //! rename but does not fsync it, so a crash can leave a torn chunk. A push
@@ -40,7 +44,8 @@ use tokio::io::AsyncWriteExt;
 use crate::erofs::{self, ErofsError};
 use crate::error::ImageError;
 use crate::fsutil::random_hex_id;
-use crate::layer::{self, digest_hex, ImageManifest, LayerError, LayerManifest, LayerRole};
+use crate::layer::{self, digest_hex, ImageManifest, LayerError, LayerManifest, LayerRole, MetadataBlobRef};
+use crate::metablob::{self, MetaBlobError};
 
 /// Nydus's choice, and the middle of the 256 KiB - 4 MiB range block-level
 /// lazy loaders use.
@@ -75,6 +80,17 @@ pub enum BlobError {
     /// The store returned bytes that are not the chunk the manifest names.
     #[error("chunk {index} of layer {layer} is corrupt: expected {expected}, got {actual}")]
     ChunkCorrupt { layer: String, index: usize, expected: String, actual: String },
+    /// The store returned a metadata blob that is not the one the
+    /// manifest names.
+    #[error("metadata blob of layer {layer} is corrupt: {source}")]
+    MetadataCorrupt {
+        layer: String,
+        #[source]
+        source: MetaBlobError,
+    },
+    /// The layer manifest predates metadata blobs.
+    #[error("layer {0} has no metadata blob")]
+    NoMetadataBlob(String),
     #[error("layer {layer} reassembled to {actual}, expected {expected}")]
     LayerCorrupt { layer: String, expected: String, actual: String },
     #[error("layer {layer} already exists with digest {existing}; layers are immutable, push a new version")]
@@ -97,6 +113,12 @@ pub enum BlobError {
 pub trait ChunkSource: Send + Sync {
     /// Chunk `index` of `layer`, verified against its digest.
     async fn fetch_chunk(&self, layer: &LayerManifest, index: usize) -> Result<Bytes, BlobError>;
+
+    /// The layer's metadata blob. The cache checks it against the manifest
+    /// again before writing any of it; a source that has none says so.
+    async fn fetch_metadata_blob(&self, layer: &LayerManifest) -> Result<Bytes, BlobError> {
+        Err(BlobError::NoMetadataBlob(layer.id()))
+    }
 }
 
 /// An S3-compatible endpoint, addressed path-style. `Debug` leaves the
@@ -271,25 +293,66 @@ impl BlobStore {
             chunk_size,
             chunks: plan.chunks,
             metadata_ranges: plan.metadata_ranges,
+            metadata_blob: Some(MetadataBlobRef {
+                digest: metablob::digest(&plan.metadata_blob),
+                size: plan.metadata_blob.len() as u64,
+            }),
         };
         manifest.validate()?;
-        if let Some(existing) = self.existing_layer(&manifest).await? {
-            return Ok(existing);
+        match self.existing_layer(&manifest).await? {
+            Existing::Same(existing) => return Ok(existing),
+            // Re-pushing a layer stored before metadata blobs existed gives
+            // it one: the bytes it describes are the ones the digest names.
+            Existing::WithoutMetadataBlob => {}
+            Existing::None => self.upload_chunks(erofs_file, &manifest).await?,
         }
-        self.upload_chunks(erofs_file, &manifest).await?;
+        self.upload_metadata_blob(&manifest, plan.metadata_blob).await?;
         self.put_layer_manifest(&manifest).await?;
         Ok(manifest)
     }
 
-    /// The stored manifest equal to `manifest`, `None` if there is none, or
-    /// an error if another layer holds its name and version.
-    async fn existing_layer(&self, manifest: &LayerManifest) -> Result<Option<LayerManifest>, BlobError> {
+    /// What the store holds under `manifest`'s name and version; an error
+    /// if another layer holds them.
+    async fn existing_layer(&self, manifest: &LayerManifest) -> Result<Existing, BlobError> {
         match self.get_layer_manifest(&manifest.name, &manifest.version).await {
-            Ok(existing) if existing == *manifest => Ok(Some(existing)),
+            Ok(existing) if existing == *manifest => Ok(Existing::Same(existing)),
+            Ok(existing) if existing.metadata_blob.is_none() && without_blob(&existing) == without_blob(manifest) => {
+                Ok(Existing::WithoutMetadataBlob)
+            }
             Ok(existing) => Err(BlobError::LayerExists { layer: manifest.id(), existing: existing.digest }),
-            Err(BlobError::NotFound(_)) => Ok(None),
+            Err(BlobError::NotFound(_)) => Ok(Existing::None),
             Err(e) => Err(e),
         }
+    }
+
+    async fn upload_metadata_blob(&self, manifest: &LayerManifest, blob: Bytes) -> Result<(), BlobError> {
+        let Some(r) = &manifest.metadata_blob else { return Ok(()) };
+        let key = metadata_key(&r.digest)?;
+        match self.store.head(&key).await {
+            Ok(meta) if meta.size == r.size => return Ok(()),
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(source) => return Err(BlobError::Store { context: format!("looking up {}", r.digest), source }),
+        }
+        self.store
+            .put(&key, PutPayload::from_bytes(blob))
+            .await
+            .map_err(|source| BlobError::Store { context: format!("storing metadata blob {}", r.digest), source })?;
+        Counters::add(&self.counters.bytes_uploaded, r.size);
+        Ok(())
+    }
+
+    /// The metadata blob of `layer`, checked against the manifest's digest,
+    /// length and metadata map.
+    pub async fn fetch_metadata_blob(&self, layer: &LayerManifest) -> Result<Bytes, BlobError> {
+        let r = layer.metadata_blob.as_ref().ok_or_else(|| BlobError::NoMetadataBlob(layer.id()))?;
+        let key = metadata_key(&r.digest)?;
+        let bytes = self.get_bytes(&key, || format!("metadata blob of {}", layer.id())).await?;
+        if let Err(source) = metablob::decode(&bytes, &r.digest, &layer.metadata_pages()) {
+            Counters::add(&self.counters.chunks_rejected, 1);
+            return Err(BlobError::MetadataCorrupt { layer: layer.id(), source });
+        }
+        Counters::add(&self.counters.bytes_fetched, r.size);
+        Ok(bytes)
     }
 
     async fn upload_chunks(&self, file: &Path, manifest: &LayerManifest) -> Result<(), BlobError> {
@@ -507,6 +570,7 @@ impl BlobStore {
         let named: std::collections::HashSet<(String, String)> =
             images.iter().flat_map(|i| i.layers.iter().map(|l| (l.name.clone(), l.version.clone()))).collect();
         let mut kept_chunks = std::collections::HashSet::new();
+        let mut kept_metadata = std::collections::HashSet::new();
         let mut kept_layers = std::collections::HashSet::new();
         let mut doomed_layers = Vec::new();
         for meta in self.list_keys("layers").await? {
@@ -530,6 +594,7 @@ impl BlobStore {
             match layer {
                 Some(layer) => {
                     kept_chunks.extend(layer.chunks.iter().cloned());
+                    kept_metadata.extend(layer.metadata_blob.map(|b| b.digest));
                     kept_layers.insert(layer.digest);
                 }
                 None => doomed_layers.push(meta),
@@ -548,6 +613,14 @@ impl BlobStore {
             }
             self.delete_key(&meta.location).await?;
             report.chunks_removed += 1;
+            report.bytes_freed += meta.size;
+        }
+        for meta in self.list_keys("metadata/sha256").await? {
+            let digest = meta.location.filename().map(|hex| format!("sha256:{hex}"));
+            if digest.is_some_and(|d| kept_metadata.contains(&d)) {
+                continue;
+            }
+            self.delete_key(&meta.location).await?;
             report.bytes_freed += meta.size;
         }
         Ok(report)
@@ -592,6 +665,22 @@ impl ChunkSource for BlobStore {
     async fn fetch_chunk(&self, layer: &LayerManifest, index: usize) -> Result<Bytes, BlobError> {
         BlobStore::fetch_chunk(self, layer, index).await
     }
+
+    async fn fetch_metadata_blob(&self, layer: &LayerManifest) -> Result<Bytes, BlobError> {
+        BlobStore::fetch_metadata_blob(self, layer).await
+    }
+}
+
+/// What a push found already stored under its name and version.
+enum Existing {
+    None,
+    Same(LayerManifest),
+    /// The same layer, stored before metadata blobs existed.
+    WithoutMetadataBlob,
+}
+
+fn without_blob(manifest: &LayerManifest) -> LayerManifest {
+    LayerManifest { metadata_blob: None, ..manifest.clone() }
 }
 
 /// What a push learns from one pass over the layer file.
@@ -600,6 +689,7 @@ struct LayerPlan {
     size: u64,
     chunks: Vec<String>,
     metadata_ranges: Vec<(u64, u64)>,
+    metadata_blob: Bytes,
 }
 
 /// Hashes the file whole and chunk by chunk in one pass, and maps its
@@ -622,7 +712,9 @@ fn plan_layer(path: &Path, chunk_size: u64) -> Result<LayerPlan, BlobError> {
         offset += n as u64;
     }
     let digest = format!("sha256:{}", erofs::hex(&whole.finalize()));
-    Ok(LayerPlan { digest, size: offset, chunks, metadata_ranges })
+    let pages = metablob::pages(&metadata_ranges, offset);
+    let metadata_blob = metablob::encode(&file, &pages).map_err(io_err)?;
+    Ok(LayerPlan { digest, size: offset, chunks, metadata_ranges, metadata_blob: Bytes::from(metadata_blob) })
 }
 
 /// Fills `buf` from `offset` unless the file ends first; returns the count.
@@ -657,6 +749,10 @@ fn sha256_digest(bytes: &[u8]) -> String {
 
 fn chunk_key(digest: &str) -> Result<StorePath, BlobError> {
     Ok(StorePath::from(format!("chunks/sha256/{}", digest_hex(digest)?)))
+}
+
+fn metadata_key(digest: &str) -> Result<StorePath, BlobError> {
+    Ok(StorePath::from(format!("metadata/sha256/{}", digest_hex(digest)?)))
 }
 
 fn layer_key(name: &str, version: &str) -> StorePath {

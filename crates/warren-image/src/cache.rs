@@ -1,8 +1,10 @@
 //! The node's layer cache: every layer a sandbox uses is one local EROFS
 //! file, mounted once per node (read-only, file-backed) and filled lazily.
 //!
-//! A layer file starts sparse with only its metadata chunks local (what
-//! EROFS reads without raising events). It is marked for fanotify
+//! A layer file starts sparse with only its metadata local (what EROFS
+//! reads without raising events): the pages of its metadata blob, written
+//! at page granularity, or for a manifest from before metadata blobs every
+//! chunk that holds metadata. It is marked for fanotify
 //! pre-content events, then mounted. A read of a range not yet local waits
 //! in the kernel while the fill daemon fetches the chunks covering it,
 //! checks each against the manifest's digest and writes it through the
@@ -91,8 +93,11 @@ pub struct LayerStats {
     /// Bytes fetched from the store, metadata prefill included.
     pub bytes_fetched: u64,
     pub chunks_fetched: u64,
-    /// Chunks fetched before mounting because they hold metadata.
+    /// Chunks fetched before mounting because they hold metadata (layers
+    /// whose manifest has no metadata blob).
     pub metadata_chunks_fetched: u64,
+    /// Bytes of metadata blobs fetched before mounting.
+    pub metadata_bytes_fetched: u64,
     /// Events whose range was already local when they arrived (the page
     /// cache had dropped pages the file holds).
     pub cache_hits: u64,
@@ -185,7 +190,13 @@ impl LayerCache {
         let inner = &self.inner;
         let (file, created) = match inner.claim(hex, manifest)? {
             Claimed::Leased => return Ok(inner.lease(hex)),
-            Claimed::OnDisk(file) => (file, false),
+            Claimed::OnDisk(file) => match self.prefill(&file).await {
+                Ok(()) => (file, false),
+                Err(e) => {
+                    inner.abandon(hex, false);
+                    return Err(e);
+                }
+            },
             Claimed::New => match self.create(manifest).await {
                 Ok(file) => (file, true),
                 Err(e) => {
@@ -203,17 +214,32 @@ impl LayerCache {
         }
     }
 
-    /// Creates the sparse file and fetches its metadata chunks, before any
-    /// mark: writes through the file's own descriptor raise no events yet.
+    /// Creates the sparse file and fetches its metadata, before any mark:
+    /// writes through the file's own descriptor raise no events yet.
     async fn create(&self, manifest: &LayerManifest) -> Result<Arc<LayerFile>> {
         let file = Arc::new(LayerFile::create(&self.inner.dir, manifest)?);
-        let wanted = file.missing_metadata_chunks();
+        self.prefill(&file).await?;
+        Ok(file)
+    }
+
+    /// Makes the layer's metadata local: its metadata blob, or for a
+    /// manifest without one every chunk holding metadata. Does nothing for
+    /// metadata already here (a layer found on disk).
+    async fn prefill(&self, file: &Arc<LayerFile>) -> Result<()> {
         let source = Arc::clone(&self.inner.shared.source);
+        if file.needs_metadata_blob() {
+            let fetched = source.fetch_metadata_blob(file.manifest()).await.map_err(|e| e.to_string());
+            let file = Arc::clone(file);
+            return tokio::task::spawn_blocking(move || file.store_metadata_blob(fetched))
+                .await
+                .map_err(|e| CacheError::Task(e.to_string()))?;
+        }
+        let wanted = file.missing_metadata_chunks();
         let fetched = fetch_batch(source, Arc::clone(file.manifest()), wanted.clone()).await;
         for (index, result) in wanted.into_iter().zip(fetched) {
             file.store_prefetched(index, result)?;
         }
-        Ok(file)
+        Ok(())
     }
 
     /// Fills every chunk of a leased layer (the whole file becomes a plain

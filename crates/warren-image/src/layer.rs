@@ -52,6 +52,21 @@ pub struct LayerManifest {
     /// `(offset, len)` in bytes of every range that is not regular-file
     /// data, sorted: what a node must hold before mounting the layer.
     pub metadata_ranges: Vec<(u64, u64)>,
+    /// The blob holding the pages of `metadata_ranges` (see
+    /// [`crate::metablob`]), which a node fetches instead of every chunk
+    /// those ranges touch. Absent in manifests written before it existed;
+    /// a node then prefills whole chunks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_blob: Option<MetadataBlobRef>,
+}
+
+/// Where a layer's metadata blob is and what it must hash to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetadataBlobRef {
+    /// `sha256:<hex>` of the blob.
+    pub digest: String,
+    /// Bytes in the blob (range table included).
+    pub size: u64,
 }
 
 /// An image's pointer to one layer.
@@ -137,7 +152,19 @@ impl LayerManifest {
             let stop = offset.checked_add(len).filter(|&s| len > 0 && offset >= end && s <= self.size);
             end = stop.ok_or_else(|| invalid(format!("metadata range ({offset}, {len}) is out of order or bounds")))?;
         }
+        if let Some(blob) = &self.metadata_blob {
+            check_digest(&blob.digest)?;
+            let expected = crate::metablob::encoded_len(&self.metadata_pages());
+            if blob.size != expected {
+                return Err(invalid(format!("metadata blob is {} bytes, its ranges need {expected}", blob.size)));
+            }
+        }
         Ok(())
+    }
+
+    /// The page-aligned ranges the metadata blob carries.
+    pub fn metadata_pages(&self) -> Vec<std::ops::Range<u64>> {
+        crate::metablob::pages(&self.metadata_ranges, self.size)
     }
 
     /// The reference an image stores for this layer.
@@ -280,7 +307,23 @@ mod tests {
             chunk_size,
             chunks: vec![D.into(); usize::try_from(size.div_ceil(chunk_size)).unwrap()],
             metadata_ranges: vec![(0, size.min(4096))],
+            metadata_blob: None,
         }
+    }
+
+    #[test]
+    fn a_metadata_blob_must_have_the_size_its_ranges_give() {
+        let mut l = layer("base", 10_000, 4096);
+        let size = crate::metablob::encoded_len(&l.metadata_pages());
+        l.metadata_blob = Some(MetadataBlobRef { digest: D.into(), size });
+        l.validate().unwrap();
+        assert_eq!(LayerManifest::from_json(&l.to_json().unwrap()).unwrap(), l);
+        l.metadata_blob = Some(MetadataBlobRef { digest: D.into(), size: size + 1 });
+        assert!(matches!(l.validate(), Err(LayerError::InvalidLayer { .. })));
+        // A manifest from before metadata blobs still reads.
+        let mut old: serde_json::Value = serde_json::from_slice(&layer("base", 10, 4096).to_json().unwrap()).unwrap();
+        old.as_object_mut().unwrap().remove("metadata_blob");
+        assert_eq!(LayerManifest::from_json(&serde_json::to_vec(&old).unwrap()).unwrap().metadata_blob, None);
     }
 
     #[test]

@@ -20,6 +20,7 @@ mod error;
 mod fsutil;
 pub mod layer;
 mod manifest;
+pub mod metablob;
 mod name;
 pub mod oci;
 pub mod registry;

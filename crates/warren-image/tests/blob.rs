@@ -12,6 +12,7 @@ use tempfile::TempDir;
 use warren_image::blob::{BlobError, BlobStore, ChunkSource, LayerMeta, S3Config};
 use warren_image::erofs::{self, BuildOptions, BuiltLayer};
 use warren_image::layer::{LayerError, LayerManifest, LayerRole};
+use warren_image::metablob;
 
 const KIB: u64 = 1024;
 
@@ -87,10 +88,34 @@ async fn exercise_store(store: BlobStore, objects: &Path, work: &Path) {
     store.pull_layer_eager(&manifest, &pulled).await.unwrap();
     assert_eq!(fs::read(&pulled).unwrap(), file);
 
+    // The metadata blob holds exactly the file's metadata pages.
+    let blob_ref = manifest.metadata_blob.clone().expect("a pushed layer has a metadata blob");
+    let blob = store.fetch_metadata_blob(&manifest).await.unwrap();
+    let ranges = metablob::decode(&blob, &blob_ref.digest, &manifest.metadata_pages()).unwrap();
+    let carried: u64 = ranges.iter().map(|(_, b)| b.len() as u64).sum();
+    assert!(carried >= base.metadata_ranges.iter().map(|r| r.1).sum::<u64>());
+    assert!(carried < base.size / 4, "{carried} of {} bytes are metadata", base.size);
+    for (offset, bytes) in ranges {
+        assert_eq!(bytes, &file[offset as usize..offset as usize + bytes.len()]);
+    }
+    let blob_path = objects.join(format!("metadata/sha256/{}", &blob_ref.digest[7..]));
+    assert!(blob_path.is_file());
+
     // Pushing the same layer again stores nothing new.
     let uploaded = store.stats().chunks_uploaded;
     assert_eq!(store.push_layer(&base.path, &meta("base", "1", LayerRole::Base)).await.unwrap(), manifest);
     assert_eq!(store.stats().chunks_uploaded, uploaded);
+
+    // A manifest stored before metadata blobs existed gets one when the
+    // same file is pushed again; no chunk moves.
+    let legacy = LayerManifest { metadata_blob: None, ..manifest.clone() };
+    fs::write(objects.join("layers/base/1.json"), legacy.to_json().unwrap()).unwrap();
+    fs::remove_file(&blob_path).unwrap();
+    assert!(matches!(store.fetch_metadata_blob(&legacy).await, Err(BlobError::NoMetadataBlob(_))));
+    assert_eq!(store.push_layer(&base.path, &meta("base", "1", LayerRole::Base)).await.unwrap(), manifest);
+    assert_eq!(store.get_layer_manifest("base", "1").await.unwrap(), manifest);
+    assert_eq!(store.stats().chunks_uploaded, uploaded);
+    assert_eq!(store.fetch_metadata_blob(&manifest).await.unwrap(), blob);
 
     // Another file under the same name and version is refused.
     let other = build_layer(work, "other", 3, 10_000, |i| 1000 + i as u64);
@@ -143,6 +168,17 @@ async fn exercise_store(store: BlobStore, objects: &Path, work: &Path) {
     let err = store.pull_layer_eager(&manifest, &pull_dir.join("base.erofs")).await.unwrap_err();
     assert!(matches!(err, BlobError::ChunkCorrupt { .. }), "{err}");
     assert_eq!(count_files(&pull_dir), 0);
+
+    // So is a corrupted or truncated metadata blob.
+    let mut bytes = fs::read(&blob_path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    fs::write(&blob_path, &bytes).unwrap();
+    let err = store.fetch_metadata_blob(&manifest).await.unwrap_err();
+    assert!(matches!(err, BlobError::MetadataCorrupt { .. }), "{err}");
+    fs::write(&blob_path, &bytes[..last]).unwrap();
+    let err = store.fetch_metadata_blob(&manifest).await.unwrap_err();
+    assert!(matches!(err, BlobError::MetadataCorrupt { .. }), "{err}");
 }
 
 #[tokio::test]
@@ -409,6 +445,7 @@ async fn garbage_collection_removes_only_what_no_image_or_lease_needs() {
     let names: Vec<String> = store.list_images().await.unwrap().into_iter().map(|i| i.name).collect();
     assert_eq!(names, ["one", "two"]);
     let chunks_before = count_files(&objects.join("chunks/sha256"));
+    assert_eq!(count_files(&objects.join("metadata/sha256")), 2);
 
     let report = store.collect_garbage(&none).await.unwrap();
     assert_eq!((report.layers_removed, report.chunks_removed, report.bytes_freed), (0, 0, 0));
@@ -427,6 +464,8 @@ async fn garbage_collection_removes_only_what_no_image_or_lease_needs() {
     assert!(matches!(store.get_layer_manifest("b", "1").await, Err(BlobError::NotFound(_))));
     // What image `one` needs is all still there.
     let a_manifest = store.get_layer_manifest("a", "1").await.unwrap();
+    assert_eq!(count_files(&objects.join("metadata/sha256")), 1);
+    store.fetch_metadata_blob(&a_manifest).await.unwrap();
     let dest = tmp.path().join("a-copy.erofs");
     store.pull_layer_eager(&a_manifest, &dest).await.unwrap();
     assert_eq!(fs::read(&dest).unwrap(), fs::read(&a.path).unwrap());

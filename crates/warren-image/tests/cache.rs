@@ -22,7 +22,8 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use warren_image::blob::{BlobError, ChunkSource};
 use warren_image::cache::{holder_main, CacheConfig, CacheError, HolderCommand, LayerCache};
-use warren_image::layer::{LayerManifest, LayerRole};
+use warren_image::layer::{LayerManifest, LayerRole, MetadataBlobRef};
+use warren_image::metablob;
 
 const HOLDER_ENV: &str = "WARREN_TEST_CACHE_HOLDER";
 const CHILD_ENV: &str = "WARREN_TEST_CACHE_CHILD";
@@ -66,6 +67,8 @@ struct Built {
     files: BTreeMap<String, Vec<u8>>,
     /// Physical `(offset, len)` data extents of each regular file.
     extents: BTreeMap<String, Vec<(u64, u64)>>,
+    /// The metadata blob the manifest names, if it names one.
+    blob: Option<Vec<u8>>,
 }
 
 impl Built {
@@ -141,9 +144,21 @@ fn build_layer(name: &str, files: BTreeMap<String, Vec<u8>>) -> Built {
         chunk_size: CHUNK,
         chunks,
         metadata_ranges,
+        metadata_blob: None,
     };
     manifest.validate().unwrap();
-    Built { image, manifest, files, extents }
+    Built { image, manifest, files, extents, blob: None }
+}
+
+/// `built` with a metadata blob in its manifest, as a push makes it.
+fn with_metadata_blob(mut built: Built) -> Built {
+    let mut file = tempfile::tempfile().unwrap();
+    std::io::Write::write_all(&mut file, &built.image).unwrap();
+    let blob = metablob::encode(&file, &built.manifest.metadata_pages()).unwrap();
+    built.manifest.metadata_blob = Some(MetadataBlobRef { digest: metablob::digest(&blob), size: blob.len() as u64 });
+    built.manifest.validate().unwrap();
+    built.blob = Some(blob);
+    built
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -228,6 +243,10 @@ struct TestSource {
     /// `hang_marker`.
     hanging: Mutex<HashSet<usize>>,
     hang_marker: Mutex<Option<PathBuf>>,
+    /// Metadata blobs by layer digest.
+    blobs: Mutex<HashMap<String, Vec<u8>>>,
+    blob_fetches: Mutex<usize>,
+    corrupt_blob: Mutex<bool>,
 }
 
 impl TestSource {
@@ -235,6 +254,9 @@ impl TestSource {
         let source = Self::default();
         for layer in layers {
             source.images.lock().unwrap().insert(layer.manifest.digest.clone(), layer.image.clone());
+            if let Some(blob) = &layer.blob {
+                source.blobs.lock().unwrap().insert(layer.manifest.digest.clone(), blob.clone());
+            }
         }
         Arc::new(source)
     }
@@ -270,6 +292,17 @@ impl ChunkSource for TestSource {
             bytes[0] ^= 0xff;
         }
         Ok(Bytes::from(bytes))
+    }
+
+    async fn fetch_metadata_blob(&self, layer: &LayerManifest) -> Result<Bytes, BlobError> {
+        *self.blob_fetches.lock().unwrap() += 1;
+        let blobs = self.blobs.lock().unwrap();
+        let mut blob = blobs.get(&layer.digest).cloned().ok_or_else(|| BlobError::NoMetadataBlob(layer.id()))?;
+        if *self.corrupt_blob.lock().unwrap() {
+            let last = blob.len() - 1;
+            blob[last] ^= 0xff;
+        }
+        Ok(Bytes::from(blob))
     }
 }
 
@@ -883,6 +916,165 @@ async fn without_a_holder_the_next_cache_remounts_the_layer_afresh() {
     assert!(source.fetched(&layer).is_empty(), "the metadata on disk passed its check");
     let name = "data/file005";
     assert_eq!(read(&lease.mount_path().join(name)).unwrap(), layer.files[name]);
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+// ------------------------------------------------------- metadata blobs
+
+/// A layer like a Python tree: many small files (inline tails), some large
+/// ones, nested directories, a symlink, a hard link and an xattr.
+fn python_like_files() -> BTreeMap<String, Vec<u8>> {
+    let mut files = layer_files(11, 12);
+    for pkg in 0..6 {
+        for module in 0..40 {
+            let len = 300 + (pkg * 977 + module * 131) % 9000;
+            files.insert(
+                format!("lib/pkg{pkg}/sub{}/mod{module:02}.py", module % 4),
+                noise(pkg * 100 + module, len as usize),
+            );
+        }
+    }
+    files
+}
+
+fn build_python_like(name: &str) -> Built {
+    with_metadata_blob(build_layer(name, python_like_files()))
+}
+
+/// Every path under `root` with its `lstat`, like `ls -lR`.
+fn stat_tree(root: &Path) -> BTreeMap<String, (u32, u64)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                stack.push(path.clone());
+            }
+            let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            out.insert(rel, (std::os::unix::fs::MetadataExt::mode(&meta), meta.len()));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metadata_blob_alone_mounts_and_stats_every_file_while_all_data_is_refused() {
+    let fx = Fixture::new();
+    let layer = build_python_like("blob");
+    let blob_len = layer.blob.as_ref().unwrap().len() as u64;
+    assert!(blob_len * 4 < layer.manifest.size, "metadata {blob_len} of {} bytes", layer.manifest.size);
+    let source = TestSource::with(&[&layer]);
+    // The store refuses every data chunk: only the metadata blob comes.
+    *source.failing.lock().unwrap() = (0..layer.manifest.chunks.len()).collect();
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    assert_eq!(*source.blob_fetches.lock().unwrap(), 1);
+    assert!(source.fetched(&layer).is_empty(), "no chunk fetched before mounting");
+
+    let root = lease.mount_path();
+    let tree = stat_tree(root);
+    for (path, bytes) in &layer.files {
+        let (mode, len) = tree.get(path).unwrap_or_else(|| panic!("{path} missing from the listing"));
+        assert_eq!((mode & 0o170000, *len), (0o100000, bytes.len() as u64), "{path}");
+    }
+    let ls = Command::new("ls").arg("-lR").arg(root).output().unwrap();
+    assert!(ls.status.success(), "ls -lR: {}", String::from_utf8_lossy(&ls.stderr));
+    // Inline files are metadata too: readable with no chunk.
+    assert_eq!(read(&root.join("etc/hostname")).unwrap(), layer.files["etc/hostname"]);
+    assert!(source.fetched(&layer).is_empty(), "listing and stat fetched {:?}", source.fetched(&layer));
+    let stats = &cache.stats()[0];
+    assert_eq!((stats.metadata_bytes_fetched, stats.metadata_chunks_fetched, stats.chunks_fetched), (blob_len, 0, 0));
+    assert_eq!(stats.bytes_fetched, blob_len);
+
+    // Data fails closed while the store refuses it...
+    assert_eq!(read_errno(&root.join("data/file003")), Some(libc::EIO));
+    // ...and once it serves, every file reads back whole, including data in
+    // chunks that also hold metadata pages.
+    source.failing.lock().unwrap().clear();
+    for (path, bytes) in &layer.files {
+        assert_eq!(&read(&root.join(path)).unwrap(), bytes, "{path}");
+    }
+    cache.fetch_all(&lease).await.unwrap();
+    assert_eq!(fs::read(lease.file_path()).unwrap(), layer.image);
+
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_metadata_blob_fails_the_acquire_and_leaves_no_layer_behind() {
+    let fx = Fixture::new();
+    let layer = build_python_like("badmeta");
+    let source = TestSource::with(&[&layer]);
+    *source.corrupt_blob.lock().unwrap() = true;
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+
+    let err = cache.acquire(&layer.manifest).await.unwrap_err();
+    assert!(matches!(err, CacheError::Metadata { .. }), "{err}");
+    assert!(err.to_string().contains("hashes to"), "{err}");
+    let hex = &layer.manifest.digest[7..];
+    let left: Vec<String> = fs::read_dir(fx.cache_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(hex))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    assert!(cache.stats().is_empty());
+    assert_eq!(erofs_mounts_at(&fx.cache_dir().join("mnt").join(hex)), 0);
+
+    // A missing blob is as clear, and as clean.
+    source.blobs.lock().unwrap().clear();
+    let err = cache.acquire(&layer.manifest).await.unwrap_err();
+    assert!(matches!(err, CacheError::Metadata { .. }), "{err}");
+
+    *source.corrupt_blob.lock().unwrap() = false;
+    source.blobs.lock().unwrap().insert(layer.manifest.digest.clone(), layer.blob.clone().unwrap());
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    assert_eq!(read(&lease.mount_path().join("data/file001")).unwrap(), layer.files["data/file001"]);
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reopening_keeps_verified_metadata_pages_and_refetches_damaged_ones() {
+    let fx = Fixture::new();
+    let layer = build_python_like("metaagain");
+    let source = TestSource::with(&[&layer]);
+    let file_path = {
+        let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+        let lease = cache.acquire(&layer.manifest).await.unwrap();
+        let path = lease.file_path().to_owned();
+        drop(lease);
+        cache.shutdown().await.unwrap();
+        path
+    };
+    assert_eq!(*source.blob_fetches.lock().unwrap(), 1);
+
+    // Reopened as is: the pages check out and nothing is fetched again.
+    {
+        let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+        let lease = cache.acquire(&layer.manifest).await.unwrap();
+        assert_eq!(*source.blob_fetches.lock().unwrap(), 1);
+        let tree = stat_tree(lease.mount_path());
+        assert!(layer.files.keys().all(|p| tree.contains_key(p)));
+        drop(lease);
+        cache.shutdown().await.unwrap();
+    }
+
+    // A damaged metadata page while no cache runs: the blob comes again.
+    let first_page = layer.manifest.metadata_pages()[0].start as usize;
+    let mut bytes = fs::read(&file_path).unwrap();
+    bytes[first_page + 1024] ^= 0xff; // the superblock's magic
+    fs::write(&file_path, &bytes).unwrap();
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    assert_eq!(*source.blob_fetches.lock().unwrap(), 2);
+    let tree = stat_tree(lease.mount_path());
+    assert!(layer.files.keys().all(|p| tree.contains_key(p)));
     drop(lease);
     cache.shutdown().await.unwrap();
 }

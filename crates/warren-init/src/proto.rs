@@ -98,6 +98,12 @@ pub enum Request {
     RemoveFile { path: String, recursive: bool },
     /// Answered with `FileStat` of the file at `to`.
     RenameFile { from: String, to: String },
+    /// A microVM restored from a snapshot of a booted guest takes on its
+    /// own identity: the hostname, `entropy` mixed into the kernel's pool
+    /// followed by a forced reseed (clones of one snapshot share their
+    /// random state until then), and the wall clock (frozen in the
+    /// snapshot). Answered with `Identified`, or `Error` outside a microVM.
+    Identify { hostname: String, entropy: Vec<u8>, unix_time_ns: u64 },
 }
 
 /// What init needs of a phase: its name (for messages) and its protected
@@ -190,6 +196,7 @@ pub enum Response {
     FileError {
         error: WireFileError,
     },
+    Identified,
 }
 
 /// A [`crate::files::FileError`] on the wire.

@@ -143,6 +143,13 @@ pub(crate) fn serve_connection(ctx: &Shared, mut conn: UnixStream) {
             let events = Response::Events { events: batch.events, dropped: batch.dropped, next_seq: batch.next_seq };
             let _ = proto::write_json(&mut conn, FrameKind::Response, &events);
         }
+        Ok(Request::Identify { hostname, entropy, unix_time_ns }) => {
+            let answer = match crate::vm::identify(hostname, entropy, unix_time_ns) {
+                Ok(()) => Response::Identified,
+                Err(message) => Response::Error { message, not_found: false, busy: false },
+            };
+            let _ = proto::write_json(&mut conn, FrameKind::Response, &answer);
+        }
         // Answered by `fileserve` above.
         Ok(
             Request::StatFile { .. }

@@ -15,12 +15,18 @@
 //! root, hand PID 1 to the image's systemd and serve the node from a
 //! systemd service instead; see [`systemd`]).
 //!
+//! A guest restored from a snapshot of a booted one is told its own
+//! hostname, fresh entropy and the time by the node (`Identify`, see
+//! [`identity`]).
+//!
 //! On any failure init prints why on the console and powers the VM off; the
 //! node sees QEMU exit and reports the console's tail.
 
+mod identity;
 mod port;
 mod systemd;
 
+pub use identity::identify;
 pub use systemd::{service_main, SERVICE_ARG};
 
 use std::os::fd::OwnedFd;
@@ -123,6 +129,9 @@ fn boot() -> Result<Booted, InitError> {
     rustix::system::sethostname(args.hostname.as_bytes()).step(|| "sethostname".into())?;
     sys::bring_loopback_up().step(|| "bring up lo".into())?;
     let port = open_port(&devices.port)?;
+    // Before the filter: the one thread that may rename the guest and set
+    // its clock once it is a clone of a snapshot.
+    identity::start().step(|| "start the identity thread".into())?;
     let (phases, events) = start_serving(self_exe)?;
     Ok(Booted::Serving { phases, events, port })
 }

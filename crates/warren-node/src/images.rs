@@ -191,7 +191,10 @@ impl Node {
             .await
             .map_err(|e| NodeError::Internal(e.to_string()))?
         {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                self.images_changed();
+                return Ok(());
+            }
             Err(warren_image::ImageError::NotFound(_)) => {}
             Err(e) => return Err(e.into()),
         }
@@ -203,10 +206,12 @@ impl Node {
 
     /// Deletes layers, chunks and cached layer files no image references.
     pub async fn gc_images(&self) -> Result<ImageGcReport> {
-        match self.layered() {
+        let report = match self.layered() {
             Some(layered) => layered.gc().await,
             None => Ok(ImageGcReport::default()),
-        }
+        };
+        self.images_changed();
+        report
     }
 
     /// A new layered image from the layers of others, bottom first.

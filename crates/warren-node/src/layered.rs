@@ -390,6 +390,7 @@ impl LayeredImages {
                     bytes_fetched: l.bytes_fetched,
                     chunks_fetched: l.chunks_fetched,
                     metadata_chunks_fetched: l.metadata_chunks_fetched,
+                    metadata_bytes_fetched: l.metadata_bytes_fetched,
                     failed_fills: l.failed_fills,
                     leases: l.leases as u64,
                     mounted: l.mounted,

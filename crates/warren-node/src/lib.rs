@@ -3,7 +3,10 @@
 //! idle and expired sandboxes, execs with their deadlines and bounded output,
 //! shell sessions, file access, and function calls (one-use workers from
 //! adaptive pools: `function`) - on one machine. It records its own
-//! metrics (`metrics`: one Prometheus registry, served by the control crate).
+//! metrics (`metrics`: one Prometheus registry, served by the control crate)
+//! and turns what it observes from outside a sandbox into security events
+//! (`events`; Landlock's refusals come from the kernel's audit records:
+//! `landlock_audit`).
 //!
 //! Owns: the life of every sandbox on this node, from admission to its typed
 //! end, the records that let a restarted node re-adopt them, and each
@@ -25,6 +28,7 @@ mod function;
 mod history;
 mod image_config;
 mod images;
+mod landlock_audit;
 mod layered;
 mod limits;
 pub mod metrics;
@@ -58,6 +62,7 @@ pub use capture::{Capture, Chunk};
 pub use exec::{ExecEntry, StdinError};
 pub use files::FileError;
 pub use function::FunctionPoolSpec;
+pub use landlock_audit::{LandlockAuditError, LandlockAuditMode};
 pub use layered::{BlobStoreConfig, DEFAULT_CACHE_BYTES};
 pub use network::{builtin_presets, NetworkOptions};
 pub use pool::PoolSpec;
@@ -117,6 +122,9 @@ pub struct NodeConfig {
     /// alone, or `sb-<node name>` on a cluster's node, so that any API
     /// server can tell a sandbox's node from its id.
     pub sandbox_id_prefix: String,
+    /// Whether Landlock's audit records become `landlock` events, and
+    /// whether the node may enable audit for it (`--landlock-audit`).
+    pub landlock_audit: LandlockAuditMode,
 }
 
 /// The default [`NodeConfig::sandbox_id_prefix`].
@@ -269,6 +277,9 @@ struct Inner {
     admission: admission::Admission,
     /// Serialises pausing and resuming (see `pause`).
     pause_gate: Mutex<()>,
+    /// Reads Landlock's audit records; taken out (and stopped, restoring
+    /// the host's audit settings) when the node stops.
+    landlock_audit: Mutex<Option<landlock_audit::Listener>>,
 }
 
 /// The node agent. Cheap to clone; all clones share one node.
@@ -319,6 +330,7 @@ impl Node {
                 creating: AtomicUsize::new(0),
                 admission,
                 pause_gate: Mutex::new(()),
+                landlock_audit: Mutex::new(None),
                 pools,
                 functions,
                 function_driver,
@@ -326,6 +338,15 @@ impl Node {
             }),
         };
         node.inner.net.set_node(&node.inner);
+        let cfg = &node.inner.cfg;
+        let listener = landlock_audit::Listener::start(
+            cfg.landlock_audit,
+            Arc::downgrade(&node.inner),
+            cfg.instance.clone(),
+            &cfg.data_dir,
+        )
+        .map_err(|e| NodeError::Internal(e.to_string()))?;
+        *node.inner.landlock_audit.lock().unwrap_or_else(|p| p.into_inner()) = listener;
         node.recover().await?;
         if let Err(e) = node.recover_trajectories() {
             // The sandboxes still work; only steps cut by the restart stay `running`.
@@ -382,6 +403,7 @@ impl Node {
 
     /// [`Node::create`], meeting a full node as `admit` says.
     async fn create_with(&self, req: CreateSandboxRequest, admit: admission::Admit<'_>) -> Result<(SandboxInfo, bool)> {
+        self.inner.pools.busy();
         req.validate().map_err(NodeError::Invalid)?;
         let driver = self.driver(req.backend)?;
         let image = self.resolve_image(&req.image).await.map_err(|e| match e {
@@ -391,7 +413,7 @@ impl Node {
             other => other,
         })?;
         let resources = Resources::of(&req);
-        let pool_key = pool::PoolKey::new(&req.image, &resources, req.network);
+        let pool_key = pool::PoolKey::new(&req.image, &resources, req.network).with_backend(req.backend);
         let id = new_id(&self.inner.cfg.sandbox_id_prefix);
         let policy = Node::initial_policy(&req);
         if req.network == warren_api::NetworkMode::Allowlist {
@@ -445,6 +467,7 @@ impl Node {
                 from_pool: false,
                 idempotency_key: req.idempotency_key.clone(),
                 accelerator: None,
+                boot: None,
                 placement: None,
                 project: req.project.clone().unwrap_or_else(|| warren_api::ROOT_PROJECT.to_string()),
             },
@@ -463,7 +486,7 @@ impl Node {
         let mut layer_leases = image.leases;
         // Pool members are made without phases or an egress policy; a
         // sandbox that asks for either is always made fresh.
-        let poolable = req.phases.is_empty() && req.network_policy.is_none() && req.backend == Backend::Container;
+        let poolable = req.phases.is_empty() && req.network_policy.is_none() && pool::pooled_backend(req.backend);
         let pooled = if poolable { self.claim_pooled(&pool_key).await } else { None };
         let made = match pooled {
             Some((handle, member_leases)) => {
@@ -512,8 +535,8 @@ impl Node {
             Ok(h) => h,
             Err(e) => {
                 let source = if rec.info.from_pool { CreateSource::Pool } else { CreateSource::Fresh };
-                self.inner.metrics.create_failed(req.backend, source);
-                self.inner.metrics.ended(req.backend, EndReason::CreateFailed);
+                self.inner.metrics.create_failed(req.backend, source, &rec.info.project);
+                self.inner.metrics.ended(req.backend, EndReason::CreateFailed, &rec.info.project);
                 rec.info.state = SandboxState::Ended;
                 rec.info.end_reason = Some(EndReason::CreateFailed);
                 rec.info.end_message = Some(e.to_string());
@@ -529,13 +552,14 @@ impl Node {
         rec.info.state = SandboxState::Running;
         rec.info.started_at_ms = Some(now_ms());
         rec.info.accelerator = driver.accelerator(&handle);
+        rec.info.boot = driver.boot(&handle);
         rec.handle = Some(handle.clone());
         joined(self.commit(rec.clone()).await)?;
         let info = rec.info.clone();
         self.live_map().insert(id.clone(), Live::new(id, handle, driver, rec, layer_leases));
         drop(admitted);
         let source = if info.from_pool { CreateSource::Pool } else { CreateSource::Fresh };
-        self.inner.metrics.created(info.backend, source, create_started.elapsed().as_secs_f64());
+        self.inner.metrics.created(info.backend, source, create_started.elapsed().as_secs_f64(), &info.project);
         Ok((info, true))
     }
 
@@ -637,6 +661,7 @@ impl Node {
     /// Ends a live sandbox with `reason`: stops its execs, destroys it, and
     /// records the end. Only the first of concurrent calls does the work.
     async fn end(&self, id: &str, reason: EndReason, message: Option<String>) -> Result<SandboxInfo> {
+        self.inner.pools.busy();
         let live = self.live_as_is(id)?;
         if self.live_map().remove(id).is_none() {
             return self.get(id);
@@ -670,11 +695,15 @@ impl Node {
         };
         rec.handle = None;
         joined(self.commit(rec.clone()).await)?;
-        self.inner.metrics.ended(rec.info.backend, reason);
-        // Execs that were still running are recorded as killed by the platform.
+        self.inner.metrics.ended(rec.info.backend, reason, &rec.info.project);
+        // Execs that were still running are recorded as killed by the
+        // platform. One that had ended is recorded by its own task (a
+        // second write here would cost a commit for nothing).
         for e in execs {
-            e.finish_without_process(ExecStatus::Killed);
-            self.persist_exec(id, &e);
+            if !e.is_finished() {
+                e.finish_without_process(ExecStatus::Killed);
+                self.persist_exec(id, &e);
+            }
         }
         let _ = self.store().delete_prefix(Table::Sessions, &format!("{id}/"));
         Ok(rec.info)
@@ -697,6 +726,21 @@ impl Node {
         session_id: Option<&str>,
         stdin_open: bool,
     ) -> Result<Arc<ExecEntry>> {
+        self.exec_logged(id, req, session_id, stdin_open, None).await
+    }
+
+    /// [`Node::exec_with`]; with `logged`, the exec is that trajectory step
+    /// (whose claim already stored its `running` record) and its final
+    /// record is committed together with the step's.
+    pub(crate) async fn exec_logged(
+        &self,
+        id: &str,
+        req: ExecRequest,
+        session_id: Option<&str>,
+        stdin_open: bool,
+        logged: Option<trajectory::LoggedExec>,
+    ) -> Result<Arc<ExecEntry>> {
+        self.inner.pools.busy();
         req.validate(session_id.is_some()).map_err(NodeError::Invalid)?;
         let live = self.live(id)?;
         live.touch();
@@ -740,7 +784,8 @@ impl Node {
         let process = live.driver.exec(&live.handle, spec).await?;
 
         let cap = req.output_cap_bytes.unwrap_or(warren_api::DEFAULT_OUTPUT_CAP_BYTES);
-        let entry = ExecEntry::new(new_id("ex"), session_id.map(str::to_string), cap);
+        let exec_id = logged.as_ref().map_or_else(|| new_id("ex"), |l| l.exec_id.clone());
+        let entry = ExecEntry::new(exec_id, session_id.map(str::to_string), cap);
         live.execs.lock().unwrap_or_else(|p| p.into_inner()).insert(entry.id.clone(), Arc::clone(&entry));
         live.running_execs.fetch_add(1, Ordering::SeqCst);
         let timeout = Duration::from_secs_f64(req.timeout_secs.unwrap_or(warren_api::DEFAULT_EXEC_TIMEOUT_SECS));
@@ -767,20 +812,23 @@ impl Node {
             // the blocking pool while the exec runs, since the record costs a
             // durable commit. The final record waits for it, so it never
             // overwrites the final one.
-            let running = {
+            let step = logged.map(|l| l.step);
+            let running = step.is_none().then(|| {
                 let (node, sandbox, entry) = (node.clone(), live.id.clone(), Arc::clone(&driving));
                 tokio::task::spawn_blocking(move || node.persist_exec(&sandbox, &entry))
-            };
+            });
             Arc::clone(&driving).drive(process, stdin, stdin_open, deadline).await;
             let done = driving.result(false);
             node.inner.metrics.exec_finished(done.status, done.wall_time_secs);
             // Touch first: the reaper must never see "no exec running" with a stale activity time.
             live.touch();
             live.running_execs.fetch_sub(1, Ordering::SeqCst);
-            let _ = running.await;
+            if let Some(running) = running {
+                let _ = running.await;
+            }
             let finished = {
                 let (node, sandbox, entry) = (node.clone(), live.id.clone(), Arc::clone(&driving));
-                tokio::task::spawn_blocking(move || node.persist_exec(&sandbox, &entry))
+                tokio::task::spawn_blocking(move || node.persist_exec_end(&sandbox, &entry, step))
             };
             let _ = finished.await;
             // Finished execs are served from the store; memory holds only running ones.
@@ -792,6 +840,27 @@ impl Node {
     fn persist_exec(&self, sandbox_id: &str, entry: &ExecEntry) {
         let result = entry.result(true);
         if let Err(e) = self.store().put_json(Table::Execs, &format!("{sandbox_id}/{}", entry.id), &result) {
+            tracing::error!(exec = %entry.id, "cannot persist exec result: {e}");
+        }
+    }
+
+    /// An ended exec's final record and, for a trajectory step, the step's
+    /// result: one commit.
+    fn persist_exec_end(&self, sandbox_id: &str, entry: &ExecEntry, step: Option<u64>) {
+        let result = entry.result(true);
+        let mut writes = Vec::with_capacity(2);
+        match warren_store::Write::json(Table::Execs, format!("{sandbox_id}/{}", entry.id), &result) {
+            Ok(w) => writes.push(w),
+            Err(e) => tracing::error!(exec = %entry.id, "cannot encode exec result: {e}"),
+        }
+        if let Some(step) = step {
+            match self.finished_exec_step(sandbox_id, step, result) {
+                Ok(Some(w)) => writes.push(w),
+                Ok(None) => {}
+                Err(e) => tracing::error!(exec = %entry.id, step, "cannot record an exec step's result: {e}"),
+            }
+        }
+        if let Err(e) = self.store().apply(&writes) {
             tracing::error!(exec = %entry.id, "cannot persist exec result: {e}");
         }
     }
@@ -1075,7 +1144,16 @@ impl Node {
         let img = tokio::task::spawn_blocking(move || images.import_dir(&name, &dir))
             .await
             .map_err(|e| NodeError::Internal(e.to_string()))??;
+        self.images_changed();
         Ok(records::image_info(img))
+    }
+
+    /// Lets the VM drivers drop what they derived from images now gone
+    /// (their snapshots of booted guests).
+    pub(crate) fn images_changed(&self) {
+        for driver in self.inner.vm_drivers.values() {
+            driver.images_changed();
+        }
     }
 
     pub async fn import_image_tar(&self, name: String, tar: impl std::io::Read + Send + 'static) -> Result<ImageInfo> {
@@ -1084,6 +1162,7 @@ impl Node {
         let img = tokio::task::spawn_blocking(move || images.import_tar(&name, tar))
             .await
             .map_err(|e| NodeError::Internal(e.to_string()))??;
+        self.images_changed();
         Ok(records::image_info(img))
     }
 
@@ -1226,7 +1305,7 @@ impl Node {
                 }
                 rec.info.state = SandboxState::Ended;
                 rec.info.end_reason = Some(EndReason::NodeRestarted);
-                self.inner.metrics.ended(rec.info.backend, EndReason::NodeRestarted);
+                self.inner.metrics.ended(rec.info.backend, EndReason::NodeRestarted, &rec.info.project);
                 rec.info.end_message = Some("the node restarted and the sandbox could not be re-adopted".into());
                 rec.info.ended_at_ms = Some(now_ms());
                 rec.handle = None;
@@ -1267,7 +1346,15 @@ impl Node {
             }
         }
         self.inner.pools.drain(self.inner.container.as_ref()).await;
+        for driver in self.inner.vm_drivers.values() {
+            self.inner.pools.drain(driver.as_ref()).await;
+        }
         self.inner.functions.drain().await;
+        let listener = self.inner.landlock_audit.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(listener) = listener {
+            // Joins a thread that waits at most a read tick and the kernel's answers.
+            let _ = tokio::task::spawn_blocking(move || listener.stop()).await;
+        }
         if self.sandboxes_running() == 0 {
             let layered = self.inner.layered.lock().unwrap_or_else(|p| p.into_inner()).take();
             if let Some(layered) = layered.and_then(|l| Arc::try_unwrap(l).ok()) {

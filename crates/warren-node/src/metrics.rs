@@ -78,8 +78,8 @@ pub struct Levels {
     pub queue_depth: u64,
     /// Idle warm-pool members by image.
     pub pool_idle: BTreeMap<String, u64>,
-    /// Live sandboxes (paused ones included) by project.
-    pub project_sandboxes: BTreeMap<String, u64>,
+    /// Live sandboxes (paused ones included) by project, backend and state.
+    pub project_sandboxes: HashMap<(String, Backend, SandboxState), u64>,
 }
 
 #[derive(Debug)]
@@ -105,7 +105,9 @@ pub struct NodeMetrics {
     layer_fill_events: Counter,
     queue_depth: Gauge,
     pool_idle: Family<Labels<1>, Gauge>,
-    project_sandboxes: Family<Labels<1>, Gauge>,
+    project_sandboxes: Family<Labels<3>, Gauge>,
+    project_creations: Family<Labels<2>, Counter>,
+    project_ends: Family<Labels<2>, Counter>,
     capacity_sandboxes: Gauge,
     used_sandboxes: Gauge,
     capacity_cpus: FloatGauge,
@@ -136,6 +138,8 @@ impl NodeMetrics {
             queue_depth: Gauge::default(),
             pool_idle: Family::default(),
             project_sandboxes: Family::default(),
+            project_creations: Family::default(),
+            project_ends: Family::default(),
             capacity_sandboxes: Gauge::default(),
             used_sandboxes: Gauge::default(),
             capacity_cpus: FloatGauge::default(),
@@ -193,9 +197,15 @@ impl NodeMetrics {
         );
         registry.register(
             "project_sandboxes",
-            "Live sandboxes (paused ones included) by project; a project's own only, not its children's",
+            "Live sandboxes (paused ones included) by project, backend and state; a project's own only, not its children's",
             m.project_sandboxes.clone(),
         );
+        registry.register(
+            "project_sandbox_creations",
+            "Sandbox creates after admission by project and outcome (ok, failed)",
+            m.project_creations.clone(),
+        );
+        registry.register("project_sandbox_ends", "Ended sandboxes by project and end reason", m.project_ends.clone());
         registry.register(
             "node_capacity_sandboxes",
             "Sandboxes this node admits at most",
@@ -247,7 +257,8 @@ impl NodeMetrics {
         InFlight { metrics: Arc::clone(self), key: (backend, state) }
     }
 
-    pub fn created(&self, backend: Backend, source: CreateSource, seconds: f64) {
+    pub fn created(&self, backend: Backend, source: CreateSource, seconds: f64, project: &str) {
+        self.project_creations.get_or_create(&[("project", project.into()), ("outcome", "ok".into())]).inc();
         let b = backend.as_str().to_string();
         self.creations
             .get_or_create(&[("backend", b.clone()), ("source", source.as_str().into()), ("outcome", "ok".into())])
@@ -259,7 +270,8 @@ impl NodeMetrics {
         *sum += seconds;
     }
 
-    pub fn create_failed(&self, backend: Backend, source: CreateSource) {
+    pub fn create_failed(&self, backend: Backend, source: CreateSource, project: &str) {
+        self.project_creations.get_or_create(&[("project", project.into()), ("outcome", "failed".into())]).inc();
         self.creations
             .get_or_create(&[
                 ("backend", backend.as_str().into()),
@@ -276,7 +288,8 @@ impl NodeMetrics {
         self.tallies().exec_seconds_sum += wall_secs;
     }
 
-    pub fn ended(&self, backend: Backend, reason: EndReason) {
+    pub fn ended(&self, backend: Backend, reason: EndReason, project: &str) {
+        self.project_ends.get_or_create(&[("project", project.into()), ("reason", wire(&reason))]).inc();
         self.ends.get_or_create(&[("backend", backend.as_str().into()), ("reason", wire(&reason))]).inc();
     }
 
@@ -323,8 +336,14 @@ impl NodeMetrics {
         }
         // Cleared first: a project whose last sandbox ended drops out.
         self.project_sandboxes.clear();
-        for (project, live) in &levels.project_sandboxes {
-            self.project_sandboxes.get_or_create(&[("project", project.clone())]).set(*live as i64);
+        for ((project, backend, state), live) in &levels.project_sandboxes {
+            self.project_sandboxes
+                .get_or_create(&[
+                    ("project", project.clone()),
+                    ("backend", backend.as_str().into()),
+                    ("state", wire(state)),
+                ])
+                .set(*live as i64);
         }
         // Kept by the image crate; a layer evicted from the cache takes its
         // counts along, which a scraper sees as a counter reset.
@@ -480,7 +499,7 @@ impl crate::Node {
             *levels.sandboxes.entry((info.backend, info.state)).or_default() += 1;
             levels.cpus_used += info.resources.cpus;
             levels.memory_used_bytes += info.resources.memory_mib * 1024 * 1024;
-            *levels.project_sandboxes.entry(info.project.clone()).or_default() += 1;
+            *levels.project_sandboxes.entry((info.project.clone(), info.backend, info.state)).or_default() += 1;
         }
         let store = self.image_stats().store;
         let (fill_events, cache_hits) = self.layered().map(|l| l.fill_counters()).unwrap_or_default();
@@ -558,18 +577,19 @@ mod tests {
     #[test]
     fn events_and_levels_show_in_the_text() {
         let m = NodeMetrics::new();
-        m.created(Backend::Container, CreateSource::Fresh, 0.02);
-        m.created(Backend::Container, CreateSource::Pool, 0.001);
-        m.create_failed(Backend::Container, CreateSource::Fresh);
+        m.created(Backend::Container, CreateSource::Fresh, 0.02, "prj-a");
+        m.created(Backend::Container, CreateSource::Pool, 0.001, "root");
+        m.create_failed(Backend::Container, CreateSource::Fresh, "prj-a");
         m.exec_finished(ExecStatus::TimedOut, 2.0);
-        m.ended(Backend::Container, EndReason::IdleTimeout);
+        m.ended(Backend::Container, EndReason::IdleTimeout, "prj-a");
         m.security_event(SecurityEventKind::NetworkBlocked);
         let creating = m.in_flight(Backend::Container, SandboxState::Creating);
         let mut levels = Levels { max_sandboxes: 8, cpus_used: 1.5, ..Levels::default() };
         levels.sandboxes.insert((Backend::Container, SandboxState::Running), 2);
         levels.images.fetched_bytes = 4096;
         levels.pool_idle.insert("busybox".into(), 2);
-        levels.project_sandboxes.insert("prj-a".into(), 2);
+        levels.project_sandboxes.insert(("prj-a".into(), Backend::Container, SandboxState::Running), 2);
+        levels.project_sandboxes.insert(("prj-a".into(), Backend::Container, SandboxState::Paused), 1);
 
         let text = m.encode(&levels, Format::Prometheus);
         let get = |s: &str| sample(&text, s).unwrap_or_else(|| panic!("no sample `{s}` in:\n{text}"));
@@ -580,10 +600,15 @@ mod tests {
         assert_eq!(get(r#"warren_sandbox_create_seconds_count{backend="container",source="pool"}"#), 1.0);
         assert_eq!(get(r#"warren_exec_seconds_bucket{status="timed_out",le="+Inf"}"#), 1.0);
         assert_eq!(get(r#"warren_sandbox_ends_total{backend="container",reason="idle_timeout"}"#), 1.0);
+        assert_eq!(get(r#"warren_project_sandbox_creations_total{project="prj-a",outcome="ok"}"#), 1.0);
+        assert_eq!(get(r#"warren_project_sandbox_creations_total{project="prj-a",outcome="failed"}"#), 1.0);
+        assert_eq!(get(r#"warren_project_sandbox_creations_total{project="root",outcome="ok"}"#), 1.0);
+        assert_eq!(get(r#"warren_project_sandbox_ends_total{project="prj-a",reason="idle_timeout"}"#), 1.0);
         assert_eq!(get(r#"warren_security_events_total{kind="network_blocked"}"#), 1.0);
         assert_eq!(get("warren_image_fetched_bytes_total"), 4096.0);
         assert_eq!(get(r#"warren_pool_idle_sandboxes{image="busybox"}"#), 2.0);
-        assert_eq!(get(r#"warren_project_sandboxes{project="prj-a"}"#), 2.0);
+        assert_eq!(get(r#"warren_project_sandboxes{project="prj-a",backend="container",state="running"}"#), 2.0);
+        assert_eq!(get(r#"warren_project_sandboxes{project="prj-a",backend="container",state="paused"}"#), 1.0);
         assert_eq!(get("warren_node_used_sandboxes"), 3.0);
         assert_eq!(get("warren_node_used_cpus"), 1.5);
         assert!(get("warren_node_capacity_memory_bytes") > 0.0);

@@ -1,6 +1,8 @@
 //! Pause and resume: a paused sandbox's processes are stopped where they
 //! are (the container backend freezes its cgroup) until it is resumed, by
-//! `resume` or by the next request that needs its processes.
+//! `resume` or by the next request that needs its processes. With
+//! `?to_disk=true` (microVMs) the memory goes to disk and QEMU exits; the
+//! resume, explicit or on the next request, loads it back on this node.
 //!
 //! Timers: the lifetime keeps counting while paused (it bounds what a
 //! sandbox may hold); the idle timeout does not (a paused sandbox is idle
@@ -17,15 +19,29 @@ use crate::{joined, now_ms, Live, Node, NodeError, Result};
 impl Node {
     /// Pauses a running sandbox; pausing a paused one answers its record.
     pub async fn pause(&self, id: &str) -> Result<SandboxInfo> {
+        self.pause_with(id, false).await
+    }
+
+    /// [`Node::pause`]; with `to_disk` the sandbox's memory goes to disk
+    /// and is released until the resume (a microVM's QEMU exits), also for
+    /// one already paused in memory. Backends that cannot answer
+    /// `unsupported`.
+    pub async fn pause_with(&self, id: &str, to_disk: bool) -> Result<SandboxInfo> {
         let live = self.live_as_is(id)?;
         let node = self.clone();
         let paused = Arc::clone(&live);
         let rec = tokio::task::spawn_blocking(move || {
             let _gate = node.pause_gate();
             if paused.record().info.state == SandboxState::Paused {
+                if to_disk {
+                    paused.driver.pause_to_disk(&paused.handle)?;
+                }
                 return Ok(None);
             }
-            paused.driver.pause(&paused.handle)?;
+            match to_disk {
+                true => paused.driver.pause_to_disk(&paused.handle)?,
+                false => paused.driver.pause(&paused.handle)?,
+            }
             let mut rec = paused.record();
             rec.info.state = SandboxState::Paused;
             Ok::<_, NodeError>(Some(rec.clone()))

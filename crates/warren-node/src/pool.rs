@@ -1,25 +1,40 @@
-//! Warm pools: per (image, resource shape, network) a number of sandboxes is
-//! kept made and idle. A matching create claims one; the pool refills in the
-//! background. Members are never handed out twice and are not persisted: a
-//! restarted node sweeps them and makes fresh ones.
+//! Warm pools: per (backend, image, resource shape, network) a number of
+//! sandboxes is kept made and idle. A matching create claims one; the pool
+//! refills in the background. Members are never handed out twice and are
+//! not persisted: a restarted node sweeps them and makes fresh ones.
+//!
+//! `backend=microvm` (or `vm`) keeps booted VMs: a claim hands over a guest
+//! whose init already answers, so the create costs no boot at all (with
+//! `--vm-snapshots on` the refills are snapshot restores too). A member
+//! keeps the hostname it was made with (its own id), as a container
+//! member does.
+//!
+//! Refills yield to requests: making a member costs as much CPU as a cold
+//! create, and one made at once after a claim competes with the claimed
+//! sandbox's first execs. So while a pool holds at least half its size, the
+//! next member waits until no create, exec or delete has started for
+//! [`QUIET`] (at most [`QUIET_MAX`]); below half it is made at once.
 
 use std::collections::{HashMap, VecDeque};
 use std::str::FromStr;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
-use warren_api::{NetworkMode, Resources};
+use warren_api::{Backend, NetworkMode, Resources};
 use warren_backend::{Driver, Liveness, SandboxHandle, SandboxSpec};
 use warren_image::cache::LayerLease;
 
 use crate::{new_id, Node};
 
 /// `image=busybox,cpus=1,memory_mib=256,disk_mib=256,pids=512,network=none,size=4`
-/// (also `inodes` and `open_files`); omitted keys take the create request's
-/// defaults, the inode cap the one derived from the pool's disk size.
+/// (also `inodes`, `open_files` and `backend=container|microvm|vm`);
+/// omitted keys take the create request's defaults, the inode cap the one
+/// derived from the pool's disk size.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolSpec {
+    pub backend: Backend,
     pub image: String,
     pub resources: Resources,
     pub network: NetworkMode,
@@ -31,13 +46,27 @@ impl FromStr for PoolSpec {
 
     fn from_str(s: &str) -> Result<Self, String> {
         let d = warren_api::CreateSandboxRequest::default();
-        let mut spec = PoolSpec { resources: Resources::of(&d), image: d.image, network: d.network, size: 1 };
+        let mut spec = PoolSpec {
+            backend: Backend::Container,
+            resources: Resources::of(&d),
+            image: d.image,
+            network: d.network,
+            size: 1,
+        };
         let mut inodes = None;
         for part in s.split(',').filter(|p| !p.is_empty()) {
             let (k, v) = part.split_once('=').ok_or_else(|| format!("`{part}` is not key=value"))?;
             let bad = |_| format!("bad value for {k}: `{v}`");
             match k {
                 "image" => spec.image = v.to_string(),
+                "backend" => {
+                    spec.backend = match v {
+                        "container" => Backend::Container,
+                        "microvm" => Backend::Microvm,
+                        "vm" => Backend::Vm,
+                        _ => return Err(format!("bad value for backend: `{v}` (container, microvm or vm)")),
+                    }
+                }
                 "cpus" => spec.resources.cpus = v.parse().map_err(|_| format!("bad value for {k}: `{v}`"))?,
                 "memory_mib" => spec.resources.memory_mib = v.parse().map_err(bad)?,
                 "disk_mib" => spec.resources.disk_mib = v.parse().map_err(bad)?,
@@ -63,6 +92,7 @@ impl FromStr for PoolSpec {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PoolKey {
+    backend: Backend,
     image: String,
     millicpus: u64,
     memory_mib: u64,
@@ -76,6 +106,7 @@ pub struct PoolKey {
 impl PoolKey {
     pub fn new(image: &str, r: &Resources, network: NetworkMode) -> Self {
         PoolKey {
+            backend: Backend::Container,
             image: image.to_string(),
             millicpus: (r.cpus * 1000.0).round() as u64,
             memory_mib: r.memory_mib,
@@ -86,7 +117,22 @@ impl PoolKey {
             network,
         }
     }
+
+    /// The same shape on another backend (a container pool's by default).
+    pub fn with_backend(self, backend: Backend) -> Self {
+        PoolKey { backend, ..self }
+    }
 }
+
+/// Whether creates on `backend` may claim warm pool members.
+pub fn pooled_backend(backend: Backend) -> bool {
+    matches!(backend, Backend::Container | Backend::Microvm | Backend::Vm)
+}
+
+/// How long the node must have started no request before a refill goes.
+pub const QUIET: Duration = Duration::from_millis(10);
+/// The longest a refill waits for quiet.
+pub const QUIET_MAX: Duration = Duration::from_millis(500);
 
 /// An idle sandbox and the leases that keep its image's layers mounted.
 type Member = (SandboxHandle, Vec<LayerLease>);
@@ -95,11 +141,42 @@ pub struct Pools {
     specs: Vec<PoolSpec>,
     members: Mutex<HashMap<PoolKey, VecDeque<Member>>>,
     wake: Notify,
+    /// Start of the clock [`Pools::busy_ns`] counts on.
+    epoch: Instant,
+    /// When the last request started, in ns since `epoch`.
+    busy_ns: AtomicU64,
 }
 
 impl Pools {
     pub fn new(specs: Vec<PoolSpec>) -> Self {
-        Pools { specs, members: Mutex::new(HashMap::new()), wake: Notify::new() }
+        Pools {
+            specs,
+            members: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+            epoch: Instant::now(),
+            busy_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// Notes that a request (create, exec, delete) started: refills wait.
+    pub fn busy(&self) {
+        if !self.specs.is_empty() {
+            let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.busy_ns.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Waits until no request has started for [`QUIET`], or [`QUIET_MAX`].
+    async fn quiet(&self) {
+        let waited = Instant::now();
+        loop {
+            let busy = Duration::from_nanos(self.busy_ns.load(Ordering::Relaxed));
+            let since = self.epoch.elapsed().saturating_sub(busy);
+            if since >= QUIET || waited.elapsed() >= QUIET_MAX {
+                return;
+            }
+            tokio::time::sleep(QUIET - since).await;
+        }
     }
 
     fn members(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, VecDeque<Member>>> {
@@ -125,9 +202,15 @@ impl Pools {
         idle
     }
 
-    /// Destroys every idle member (shutdown of a test server).
+    /// Destroys every idle member of `driver`'s backend (shutdown of a
+    /// test server).
     pub async fn drain(&self, driver: &dyn Driver) {
-        let all: Vec<Member> = self.members().drain().flat_map(|(_, v)| v).collect();
+        let backend = driver.backend();
+        let all: Vec<Member> = {
+            let mut members = self.members();
+            let keys: Vec<PoolKey> = members.keys().filter(|k| k.backend == backend).cloned().collect();
+            keys.iter().filter_map(|k| members.remove(k)).flatten().collect()
+        };
         for (h, _leases) in all {
             let _ = driver.destroy(&h).await;
         }
@@ -138,13 +221,14 @@ impl Node {
     /// Takes a live idle member matching `key`, if any.
     pub(crate) async fn claim_pooled(&self, key: &PoolKey) -> Option<Member> {
         let pools = &self.inner.pools;
+        let driver = self.driver(key.backend).ok()?;
         loop {
             let (handle, leases) = pools.pop(key)?;
             pools.wake.notify_one();
-            if self.inner.container.probe(&handle).await == Liveness::Alive {
+            if driver.probe(&handle).await == Liveness::Alive {
                 return Some((handle, leases));
             }
-            let _ = self.inner.container.destroy(&handle).await;
+            let _ = driver.destroy(&handle).await;
         }
     }
 
@@ -156,8 +240,15 @@ impl Node {
         loop {
             let mut failed = false;
             for spec in &pools.specs {
-                let key = PoolKey::new(&spec.image, &spec.resources, spec.network);
-                while pools.members().get(&key).map_or(0, VecDeque::len) < spec.size {
+                let key = PoolKey::new(&spec.image, &spec.resources, spec.network).with_backend(spec.backend);
+                loop {
+                    let idle = pools.members().get(&key).map_or(0, VecDeque::len);
+                    if idle >= spec.size {
+                        break;
+                    }
+                    if idle >= spec.size.div_ceil(2) {
+                        pools.quiet().await;
+                    }
                     match self.make_member(spec).await {
                         Ok(h) => pools.members().entry(key.clone()).or_default().push_back(h),
                         Err(e) => {
@@ -184,7 +275,7 @@ impl Node {
             hostname: id,
             phase: Default::default(),
         };
-        let handle = Arc::clone(&self.inner.container).create(&sandbox).await?;
+        let handle = self.driver(spec.backend)?.create(&sandbox).await?;
         Ok((handle, image.leases))
     }
 }
@@ -196,6 +287,10 @@ mod tests {
     #[test]
     fn pool_spec_parses_and_names_bad_keys() {
         let s: PoolSpec = "image=busybox,cpus=0.5,memory_mib=128,size=3,network=loopback".parse().unwrap();
+        assert_eq!(s.backend, Backend::Container);
+        let vms: PoolSpec = "backend=microvm,memory_mib=256".parse().unwrap();
+        assert_eq!(vms.backend, Backend::Microvm);
+        assert!("backend=lambda".parse::<PoolSpec>().unwrap_err().contains("backend"));
         assert_eq!((s.image.as_str(), s.resources.cpus, s.resources.memory_mib, s.size), ("busybox", 0.5, 128, 3));
         assert_eq!(s.network, NetworkMode::Loopback);
         assert_eq!(s.resources.inodes, warren_api::default_inodes(s.resources.disk_mib));
@@ -214,5 +309,6 @@ mod tests {
         assert_eq!(a, PoolKey::new("busybox", &r.clone(), NetworkMode::None));
         assert_ne!(a, PoolKey::new("busybox", &r, NetworkMode::Loopback));
         assert_ne!(a, PoolKey::new("busybox", &Resources { memory_mib: 512, ..r }, NetworkMode::None));
+        assert_ne!(a, PoolKey::new("busybox", &r, NetworkMode::None).with_backend(Backend::Microvm));
     }
 }

@@ -36,7 +36,7 @@ use warren_api::{
     NetworkPolicy, SandboxInfo, SandboxState, SessionInfo, SetPhaseRequest, StepKind, StepResult, StepState,
     Trajectory, TrajectoryDivergence, TrajectoryOrigin, TrajectoryStep, MAX_STEP,
 };
-use warren_store::{StateStoreExt, Table};
+use warren_store::{StateStoreExt, Table, Write};
 
 use crate::records::SandboxRecord;
 use crate::{now_ms, ExecEntry, Node, NodeError, Result};
@@ -93,6 +93,14 @@ struct StepRecord {
     /// request's sha256.
     #[serde(default)]
     content_kept: bool,
+}
+
+/// An exec that is a trajectory step: its id was chosen before the claim,
+/// and the claim's commit also stored the exec's `running` record, so the
+/// exec itself stores only its final record (in one commit with the step's).
+pub(crate) struct LoggedExec {
+    pub exec_id: String,
+    pub step: u64,
 }
 
 enum Claim {
@@ -183,6 +191,24 @@ fn exec_step_result(r: &ExecResult) -> StepResult {
     out
 }
 
+/// The record an exec's claim stores: what a restart reports `killed` if
+/// the node stops before the exec's final record is written.
+fn running_exec(exec_id: &str, session_id: Option<&str>) -> ExecResult {
+    ExecResult {
+        exec_id: exec_id.to_string(),
+        status: ExecStatus::Running,
+        exit_code: None,
+        signal: None,
+        wall_time_secs: 0.0,
+        cpu_time_secs: 0.0,
+        peak_memory_bytes: 0,
+        started_at_ms: now_ms(),
+        ended_at_ms: None,
+        session_id: session_id.map(str::to_string),
+        output: None,
+    }
+}
+
 /// Runs a store call on the blocking pool: a claim or a finish is a durable
 /// commit that must not stall a runtime worker.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -194,18 +220,19 @@ impl Node {
         self.inner.cfg.data_dir.join("trajectory").join(sandbox)
     }
 
-    /// Writes the sandbox's header row the first time it logs a step.
-    fn ensure_header(&self, sandbox: &str) -> Result<()> {
+    /// The sandbox's header row, if it has none yet: written in the commit
+    /// of its first step's claim (a step never exists without it). Two
+    /// first claims racing both write it, with the same content.
+    fn missing_header(&self, sandbox: &str) -> Result<Option<Write>> {
         if self.store().get(Table::Trajectories, sandbox)?.is_some() {
-            return Ok(());
+            return Ok(None);
         }
         let rec = self
             .store()
             .get_json::<SandboxRecord>(Table::Sandboxes, sandbox)?
             .ok_or_else(|| NodeError::NotFound(sandbox.to_string()))?;
         let header = Header { origin: origin_of(&rec), ended_at_ms: None };
-        self.store().put_json_if_absent(Table::Trajectories, sandbox, &header)?;
-        Ok(())
+        Ok(Some(Write::json(Table::Trajectories, sandbox, &header)?))
     }
 
     /// Claims `step` (or the next free one) for a call of `kind`.
@@ -216,8 +243,28 @@ impl Node {
         kind: StepKind,
         request: &serde_json::Value,
     ) -> Result<(u64, Claim)> {
-        self.ensure_header(sandbox)?;
+        self.claim_with(sandbox, step, kind, request, None)
+    }
+
+    /// [`Node::claim`]; for an exec (`exec`: its id and session), the
+    /// step is claimed with the exec's id in it and, in the same commit,
+    /// the exec's `running` record: one device sync before the command
+    /// runs instead of three (claim, id, record), and a crash at any point
+    /// leaves a step that restart settles as `killed`.
+    fn claim_with(
+        &self,
+        sandbox: &str,
+        step: Option<u64>,
+        kind: StepKind,
+        request: &serde_json::Value,
+        exec: Option<(&str, Option<&str>)>,
+    ) -> Result<(u64, Claim)> {
         let hash = request_hash(kind, request);
+        let mut also: Vec<Write> = self.missing_header(sandbox)?.into_iter().collect();
+        if let Some((exec_id, session_id)) = exec {
+            also.push(Write::json(Table::Execs, format!("{sandbox}/{exec_id}"), &running_exec(exec_id, session_id))?);
+        }
+        let noted = exec.map(|(exec_id, _)| StepResult { exec_id: Some(exec_id.to_string()), ..Default::default() });
         let fresh = |n: u64| StepRecord {
             step: TrajectoryStep {
                 step: n,
@@ -228,13 +275,14 @@ impl Node {
                 client_step: step.is_some(),
                 started_at_ms: now_ms(),
                 ended_at_ms: None,
-                result: None,
+                result: noted.clone(),
             },
             exec: None,
             content_kept: false,
         };
         if let Some(n) = step {
-            let existing = self.store().put_json_if_absent(Table::TrajectorySteps, &step_key(sandbox, n), &fresh(n))?;
+            let existing =
+                self.store().put_json_if_absent_and(Table::TrajectorySteps, &step_key(sandbox, n), &fresh(n), &also)?;
             return match existing {
                 None => Ok((n, Claim::Fresh)),
                 Some(logged) if logged.step.request_hash != hash => Err(diverged(n, logged.step.request_hash, hash)),
@@ -247,7 +295,10 @@ impl Node {
             self.store().last_json::<StepRecord>(Table::TrajectorySteps, &prefix)?.map_or(1, |(_, r)| r.step.step + 1);
         // A client-named step may take `next` between the look and the
         // claim: move on until a claim wins.
-        while self.store().put_json_if_absent(Table::TrajectorySteps, &step_key(sandbox, next), &fresh(next))?.is_some()
+        while self
+            .store()
+            .put_json_if_absent_and(Table::TrajectorySteps, &step_key(sandbox, next), &fresh(next), &also)?
+            .is_some()
         {
             next += 1;
         }
@@ -256,6 +307,17 @@ impl Node {
 
     fn release(&self, sandbox: &str, step: u64) {
         if let Err(e) = self.store().delete(Table::TrajectorySteps, &step_key(sandbox, step)) {
+            tracing::error!(sandbox, step, "cannot release a trajectory step: {e}");
+        }
+    }
+
+    /// Releases an exec's step and the `running` record its claim stored.
+    fn release_exec(&self, sandbox: &str, step: u64, exec_id: &str) {
+        let writes = [
+            Write::delete(Table::TrajectorySteps, step_key(sandbox, step)),
+            Write::delete(Table::Execs, format!("{sandbox}/{exec_id}")),
+        ];
+        if let Err(e) = self.store().apply(&writes) {
             tracing::error!(sandbox, step, "cannot release a trajectory step: {e}");
         }
     }
@@ -356,30 +418,24 @@ impl Node {
         if let (Some(sid), Some(obj)) = (session_id, request.as_object_mut()) {
             obj.insert("session_id".into(), serde_json::Value::String(sid.to_string()));
         }
-        let (node, sandbox, hashed) = (self.clone(), id.to_string(), request.clone());
-        let (n, claim) = blocking(move || node.claim(&sandbox, step, kind, &hashed)).await?;
+        // Chosen before the claim, which notes it in the step: a call that
+        // retries this step after a broken connection finds the exec to join.
+        let exec_id = crate::new_id("ex");
+        let (node, sandbox, hashed, ex, sid) =
+            (self.clone(), id.to_string(), request.clone(), exec_id.clone(), session_id.map(str::to_string));
+        let (n, claim) =
+            blocking(move || node.claim_with(&sandbox, step, kind, &hashed, Some((ex.as_str(), sid.as_deref()))))
+                .await?;
         match claim {
             Claim::Fresh => {
-                let entry = match self.exec(id, req, session_id).await {
+                let logged = LoggedExec { exec_id: exec_id.clone(), step: n };
+                let entry = match self.exec_logged(id, req, session_id, false, Some(logged)).await {
                     Ok(entry) => entry,
                     Err(e) => {
-                        self.release(id, n);
+                        self.release_exec(id, n, &exec_id);
                         return Err(e);
                     }
                 };
-                // Noted before the answer: a call that retries this step
-                // after a broken connection finds the exec to join.
-                let (node, sandbox, exec_id) = (self.clone(), id.to_string(), entry.id.clone());
-                let noted = blocking(move || {
-                    node.update_step(&sandbox, n, |r| {
-                        r.step.result = Some(StepResult { exec_id: Some(exec_id), ..Default::default() })
-                    })
-                })
-                .await;
-                if let Err(e) = noted {
-                    tracing::error!(sandbox = id, step = n, "cannot note a step's exec: {e}");
-                }
-                self.record_exec_step(id, n, Arc::clone(&entry));
                 Ok(Stepped { step: n, value: ExecAnswer::Live(entry) })
             }
             Claim::Done(rec) => {
@@ -389,24 +445,19 @@ impl Node {
         }
     }
 
-    /// Records the exec's result in its step once it ends. (Until then a
-    /// reader of the log sees the step settled from the exec itself: see
-    /// [`Node::settled`].)
-    fn record_exec_step(&self, sandbox: &str, step: u64, entry: Arc<ExecEntry>) {
-        let node = self.clone();
-        let sandbox = sandbox.to_string();
-        tokio::spawn(async move {
-            let mut end = pin!(entry.stream(u64::MAX, u64::MAX, None));
-            while end.next().await.is_some() {}
-            let result = entry.result(true);
-            let finished = tokio::task::spawn_blocking(move || node.finish_exec_step(&sandbox, step, result)).await;
-            if let Ok(Err(e)) = finished {
-                tracing::error!(step, "cannot record an exec step's result: {e}");
-            }
-        });
+    fn finish_exec_step(&self, sandbox: &str, step: u64, result: ExecResult) -> Result<()> {
+        match self.finished_exec_step(sandbox, step, result)? {
+            Some(write) => Ok(self.store().apply(&[write])?),
+            None => Ok(()),
+        }
     }
 
-    fn finish_exec_step(&self, sandbox: &str, step: u64, mut result: ExecResult) -> Result<()> {
+    /// The write that records an ended exec's result in its step (`None`
+    /// if the step is gone); its large output goes to a data file first.
+    /// The exec's own final record is committed with it (see
+    /// [`Node::exec_logged`]). Until then a reader of the log sees the step
+    /// settled from the exec itself: see [`Node::settled`].
+    pub(crate) fn finished_exec_step(&self, sandbox: &str, step: u64, mut result: ExecResult) -> Result<Option<Write>> {
         let mut summary = exec_step_result(&result);
         if let Some(output) = result.output.take() {
             let json = serde_json::to_vec(&output).map_err(|e| NodeError::Internal(e.to_string()))?;
@@ -419,12 +470,15 @@ impl Node {
                 summary.output_ref = Some(format!("sha256:{digest}"));
             }
         }
-        self.update_step(sandbox, step, |r| {
-            r.step.state = StepState::Done;
-            r.step.ended_at_ms = result.ended_at_ms.or(Some(now_ms()));
-            r.step.result = Some(summary);
-            r.exec = Some(result);
-        })
+        let key = step_key(sandbox, step);
+        let Some(mut r) = self.store().get_json::<StepRecord>(Table::TrajectorySteps, &key)? else {
+            return Ok(None);
+        };
+        r.step.state = StepState::Done;
+        r.step.ended_at_ms = result.ended_at_ms.or(Some(now_ms()));
+        r.step.result = Some(summary);
+        r.exec = Some(result);
+        Ok(Some(Write::json(Table::TrajectorySteps, key, &r)?))
     }
 
     fn write_data_file(&self, sandbox: &str, name: &str, bytes: &[u8]) -> Result<()> {

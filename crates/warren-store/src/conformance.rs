@@ -7,7 +7,7 @@ use std::sync::Barrier;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{StateStore, StateStoreExt, StoreError, Table};
+use crate::{StateStore, StateStoreExt, StoreError, Table, Write};
 
 /// Runs every check against one store.
 pub fn run_all(store: &dyn StateStore) {
@@ -19,6 +19,40 @@ pub fn run_all(store: &dyn StateStore) {
     put_if_absent_race_has_exactly_one_winner(store);
     json_helpers_roundtrip_and_reject_wrong_type(store);
     last_returns_greatest_key_with_prefix(store);
+    apply_puts_and_deletes_in_order(store);
+    put_if_absent_and_applies_only_for_the_inserter(store);
+}
+
+pub fn apply_puts_and_deletes_in_order(store: &dyn StateStore) {
+    let (a, b) = ("conformance/apply/a", "conformance/apply/b");
+    store.put(Table::Sessions, b, b"old").unwrap();
+    store
+        .apply(&[
+            Write::Put { table: Table::Execs, key: a.into(), value: b"first".to_vec() },
+            Write::Put { table: Table::Execs, key: a.into(), value: b"second".to_vec() },
+            Write::delete(Table::Sessions, b),
+            Write::json(Table::Meta, a, &7u32).unwrap(),
+        ])
+        .unwrap();
+    assert_eq!(store.get(Table::Execs, a).unwrap().as_deref(), Some(&b"second"[..]), "later writes win");
+    assert_eq!(store.get(Table::Sessions, b).unwrap(), None);
+    assert_eq!(store.get_json::<u32>(Table::Meta, a).unwrap(), Some(7));
+    store.apply(&[]).unwrap();
+    store.apply(&[Write::delete(Table::Execs, a), Write::delete(Table::Meta, a)]).unwrap();
+    assert_eq!(store.get(Table::Execs, a).unwrap(), None);
+    assert_eq!(store.get(Table::Meta, a).unwrap(), None);
+}
+
+pub fn put_if_absent_and_applies_only_for_the_inserter(store: &dyn StateStore) {
+    let (key, side) = ("conformance/pia/k", "conformance/pia/side");
+    let also = |v: &[u8]| vec![Write::Put { table: Table::Execs, key: side.into(), value: v.to_vec() }];
+    assert_eq!(store.put_if_absent_and(Table::TrajectorySteps, key, b"one", &also(b"1")).unwrap(), None);
+    assert_eq!(store.get(Table::Execs, side).unwrap().as_deref(), Some(&b"1"[..]));
+    let existing = store.put_if_absent_and(Table::TrajectorySteps, key, b"two", &also(b"2")).unwrap();
+    assert_eq!(existing.as_deref(), Some(&b"one"[..]));
+    assert_eq!(store.get(Table::Execs, side).unwrap().as_deref(), Some(&b"1"[..]), "a loser's writes were applied");
+    assert_eq!(store.get(Table::TrajectorySteps, key).unwrap().as_deref(), Some(&b"one"[..]));
+    store.apply(&[Write::delete(Table::TrajectorySteps, key), Write::delete(Table::Execs, side)]).unwrap();
 }
 
 pub fn crud_roundtrip(store: &dyn StateStore) {

@@ -7,10 +7,21 @@
 //! embedded [`RedbStore`] and a cluster (etcd) implementation are
 //! interchangeable; both must pass the same [`conformance`] suite.
 //!
+//! Cost: every durable write is a device sync, which dominates a short
+//! operation. So an operation that writes several records writes them in
+//! one commit ([`StateStore::apply`], [`StateStore::put_if_absent_and`]),
+//! and the embedded store group-commits concurrent writers (one sync for
+//! everything waiting when a commit starts). Nothing is written with a
+//! weaker durability: what a restart needs (sandbox records, idempotency
+//! claims, trajectory steps, exec records) is what the store holds, and
+//! what it does not need (running execs' output, pool members) never goes
+//! into it.
+//!
 //! This crate stores bytes; it never interprets them beyond the JSON helpers
 //! in [`StateStoreExt`].
 
 mod error;
+mod group;
 mod redb_store;
 mod store;
 
@@ -19,4 +30,4 @@ pub mod conformance;
 
 pub use error::{Result, StoreError};
 pub use redb_store::RedbStore;
-pub use store::{StateStore, StateStoreExt, Table};
+pub use store::{StateStore, StateStoreExt, Table, Write};

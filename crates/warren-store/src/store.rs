@@ -66,6 +66,26 @@ impl std::fmt::Display for Table {
     }
 }
 
+/// One change of a [`StateStore::apply`] batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    Put { table: Table, key: String, value: Vec<u8> },
+    Delete { table: Table, key: String },
+}
+
+impl Write {
+    /// A put of `value` as JSON.
+    pub fn json<T: Serialize + ?Sized>(table: Table, key: impl Into<String>, value: &T) -> Result<Write> {
+        let key = key.into();
+        let value = encode(table, &key, value)?;
+        Ok(Write::Put { table, key, value })
+    }
+
+    pub fn delete(table: Table, key: impl Into<String>) -> Write {
+        Write::Delete { table, key: key.into() }
+    }
+}
+
 /// A durable key-value store of byte values in fixed tables, keys ordered by
 /// their UTF-8 bytes. Synchronous: async callers use `spawn_blocking`, since
 /// a write waits for stable storage.
@@ -86,6 +106,33 @@ pub trait StateStore: Send + Sync {
     /// Deletes all keys starting with `prefix` in one transaction; returns
     /// how many there were.
     fn delete_prefix(&self, t: Table, prefix: &str) -> Result<u64>;
+
+    /// Applies `writes` in order; durable when it returns. The embedded
+    /// store commits them as one transaction (one device sync for all, and
+    /// a crash keeps all or none); this default, for a backend without
+    /// multi-key transactions, applies them one by one.
+    fn apply(&self, writes: &[Write]) -> Result<()> {
+        for w in writes {
+            match w {
+                Write::Put { table, key, value } => self.put(*table, key, value)?,
+                Write::Delete { table, key } => {
+                    self.delete(*table, key)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// [`StateStore::put_if_absent`] that also applies `also` when (and
+    /// only when) this call inserted. The embedded store does both in one
+    /// transaction; this default applies `also` right after the insert.
+    fn put_if_absent_and(&self, t: Table, key: &str, value: &[u8], also: &[Write]) -> Result<Option<Vec<u8>>> {
+        let existing = self.put_if_absent(t, key, value)?;
+        if existing.is_none() {
+            self.apply(also)?;
+        }
+        Ok(existing)
+    }
 }
 
 /// Typed JSON access on top of any [`StateStore`], including `dyn` ones.
@@ -101,6 +148,18 @@ pub trait StateStoreExt: StateStore {
     /// Like [`StateStore::put_if_absent`]; returns the existing value decoded.
     fn put_json_if_absent<T: Serialize + DeserializeOwned>(&self, t: Table, key: &str, value: &T) -> Result<Option<T>> {
         self.put_if_absent(t, key, &encode(t, key, value)?)?.map(|bytes| decode(t, key, &bytes)).transpose()
+    }
+
+    /// [`StateStore::put_if_absent_and`] with the value as JSON; returns the
+    /// existing value decoded.
+    fn put_json_if_absent_and<T: Serialize + DeserializeOwned>(
+        &self,
+        t: Table,
+        key: &str,
+        value: &T,
+        also: &[Write],
+    ) -> Result<Option<T>> {
+        self.put_if_absent_and(t, key, &encode(t, key, value)?, also)?.map(|bytes| decode(t, key, &bytes)).transpose()
     }
 
     fn last_json<T: DeserializeOwned>(&self, t: Table, prefix: &str) -> Result<Option<(String, T)>> {

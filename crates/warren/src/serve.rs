@@ -132,6 +132,19 @@ pub struct ServeArgs {
     /// (repeatable).
     #[arg(long = "disable-backend", value_parser = ["microvm", "vm"])]
     pub disabled_backends: Vec<String>,
+    /// Snapshot boot for `microvm`: per image and VM shape the node keeps a
+    /// snapshot of a booted, idle guest and restores it on create (the
+    /// first create of a shape boots and builds it). See docs/architecture.md.
+    #[arg(long, default_value = "off", value_parser = ["off", "on"])]
+    pub vm_snapshots: String,
+    /// Landlock denials as `landlock` security events, read from the
+    /// kernel's audit records. `auto`: only if audit is already enabled on
+    /// the host. `on`: if no audit daemon runs, this server registers as the
+    /// audit daemon and enables audit host-wide until it stops (restoring
+    /// it then); with one running, it reads that daemon's records. `off`:
+    /// never (see docs/security.md).
+    #[arg(long, default_value = "auto", value_parser = ["off", "on", "auto"])]
+    pub landlock_audit: String,
 }
 
 /// What `warren serve` runs as.
@@ -175,6 +188,8 @@ impl ServeArgs {
             cluster_token_file: None,
             node_ttl_secs: 5,
             disabled_backends: Vec::new(),
+            vm_snapshots: "off".into(),
+            landlock_audit: "auto".into(),
         }
     }
 }
@@ -284,6 +299,7 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
                 || warren_node::SANDBOX_ID_PREFIX.to_string(),
                 |c| warren_cluster::records::sandbox_id_prefix(&c.name),
             ),
+            landlock_audit: args.landlock_audit.parse().map_err(|e: String| anyhow::anyhow!("--landlock-audit {e}"))?,
         },
         store,
         driver,
@@ -412,7 +428,8 @@ fn vm_drivers(
     if disabled("microvm") && disabled("vm") {
         return drivers;
     }
-    let config = MicroVmConfig::discover(args.data_dir.join("vm"), init_binary.to_path_buf(), vm_instance(args));
+    let config = MicroVmConfig::discover(args.data_dir.join("vm"), init_binary.to_path_buf(), vm_instance(args))
+        .map(|c| MicroVmConfig { snapshots: args.vm_snapshots == "on", ..c });
     match config.and_then(MicroVmDriver::new) {
         Ok(driver) if !disabled("microvm") => {
             drivers.insert(warren_api::Backend::Microvm, Arc::new(driver) as Arc<dyn warren_backend::Driver>);

@@ -568,12 +568,15 @@ class Sandbox:
         """:func:`~warren.replay` of this sandbox's trajectory."""
         return replay(self.id, keep=keep, client=self.client)
 
-    def pause(self) -> SandboxInfo:
+    def pause(self, *, to_disk: bool = False) -> SandboxInfo:
         """Freezes the sandbox: its processes stop where they are and make no
         progress until :meth:`resume`, or until the next exec, session
         command or file call, which resumes it. Its lifetime keeps counting,
-        its idle timeout does not."""
-        data = self.client.call(Request("POST", sandbox_path(self.id, "/pause"), idempotent=True))
+        its idle timeout does not. ``to_disk=True`` (``microvm``) writes the
+        guest's memory to disk and stops its QEMU until the resume; execs
+        running at the pause end."""
+        params = {"to_disk": "true"} if to_disk else None
+        data = self.client.call(Request("POST", sandbox_path(self.id, "/pause"), params=params, idempotent=True))
         self._info = SandboxInfo.from_json(data)
         return self._info
 

@@ -137,6 +137,9 @@ class SandboxInfo:
     idempotency_key: str | None = None
     #: VM backends: what runs the guest (``"kvm"``, or ``"tcg"`` where KVM cannot run it).
     accelerator: str | None = None
+    #: ``microvm``: ``"cold"`` (booted) or ``"snapshot"`` (restored from the
+    #: node's snapshot of a booted guest, ``warren serve --vm-snapshots on``).
+    boot: str | None = None
     #: The project it belongs to (``root`` when the server runs without IAM).
     project: str = "root"
     #: The record exactly as the server sent it (fields newer than this package included).
@@ -169,6 +172,7 @@ class SandboxInfo:
             network_policy=d.get("network_policy"),
             idempotency_key=d.get("idempotency_key"),
             accelerator=d.get("accelerator"),
+            boot=d.get("boot"),
             project=d.get("project", "root"),
             raw=dict(d),
         )

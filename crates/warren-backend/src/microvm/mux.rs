@@ -30,6 +30,14 @@ pub struct Mux {
     tasks: Vec<JoinHandle<()>>,
 }
 
+impl Mux {
+    /// A mux that serves nothing: what a VM holds between dropping its
+    /// mux and getting a new one.
+    pub fn detached() -> Mux {
+        Mux { tasks: Vec::new() }
+    }
+}
+
 impl Drop for Mux {
     fn drop(&mut self) {
         for task in &self.tasks {
@@ -41,9 +49,45 @@ impl Drop for Mux {
 /// Connects to QEMU's end of the port at `serial_sock` (waiting up to
 /// `wait` for QEMU to create it) and serves `listen_sock`.
 pub async fn start(serial_sock: &Path, listen_sock: &Path, wait: Duration) -> Result<Mux> {
+    start_from(serial_sock, listen_sock, wait, 1).await
+}
+
+/// As [`start`], numbering streams from `first_stream`: a guest restored
+/// from a snapshot may still hold streams of the mux its template had, and
+/// ids are never reused while a guest lives.
+pub async fn start_from(serial_sock: &Path, listen_sock: &Path, wait: Duration, first_stream: u32) -> Result<Mux> {
     let port = connect_with_retry(serial_sock, wait).await?;
     let listener =
         UnixListener::bind(listen_sock).map_err(|e| BackendError::io(format!("bind {}", listen_sock.display()), e))?;
+    Ok(serve(port, listener, first_stream))
+}
+
+/// As [`start_from`] for a caller that may not wait on the runtime (a
+/// driver's `resume`): connects and binds with blocking calls, then hands
+/// the sockets to the runtime. A stale `listen_sock` is replaced.
+pub fn start_blocking(serial_sock: &Path, listen_sock: &Path, wait: Duration, first_stream: u32) -> Result<Mux> {
+    let deadline = std::time::Instant::now() + wait;
+    let port = loop {
+        match std::os::unix::net::UnixStream::connect(serial_sock) {
+            Ok(stream) => break stream,
+            Err(e) if std::time::Instant::now() >= deadline => {
+                return Err(BackendError::io(format!("connect to QEMU's control port {}", serial_sock.display()), e))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    };
+    let _ = std::fs::remove_file(listen_sock);
+    let listener = std::os::unix::net::UnixListener::bind(listen_sock)
+        .map_err(|e| BackendError::io(format!("bind {}", listen_sock.display()), e))?;
+    let io = |e| BackendError::io("hand the mux's sockets to the runtime", e);
+    port.set_nonblocking(true).map_err(io)?;
+    listener.set_nonblocking(true).map_err(io)?;
+    let port = UnixStream::from_std(port).map_err(io)?;
+    let listener = UnixListener::from_std(listener).map_err(io)?;
+    Ok(serve(port, listener, first_stream))
+}
+
+fn serve(port: UnixStream, listener: UnixListener, first_stream: u32) -> Mux {
     let (port_rx, mut port_tx) = port.into_split();
     let (frames, mut queued) = mpsc::channel::<Vec<u8>>(PORT_QUEUE);
     let streams: Streams = Arc::default();
@@ -55,8 +99,8 @@ pub async fn start(serial_sock: &Path, listen_sock: &Path, wait: Duration) -> Re
         }
     });
     let reader = tokio::spawn(demux(port_rx, Arc::clone(&streams)));
-    let acceptor = tokio::spawn(accept(listener, frames, streams));
-    Ok(Mux { tasks: vec![writer, reader, acceptor] })
+    let acceptor = tokio::spawn(accept(listener, frames, streams, first_stream.max(1)));
+    Mux { tasks: vec![writer, reader, acceptor] }
 }
 
 async fn connect_with_retry(path: &Path, wait: Duration) -> Result<UnixStream> {
@@ -72,8 +116,8 @@ async fn connect_with_retry(path: &Path, wait: Duration) -> Result<UnixStream> {
     }
 }
 
-async fn accept(listener: UnixListener, frames: mpsc::Sender<Vec<u8>>, streams: Streams) {
-    let mut next_id: u32 = 1;
+async fn accept(listener: UnixListener, frames: mpsc::Sender<Vec<u8>>, streams: Streams, first_stream: u32) {
+    let mut next_id: u32 = first_stream;
     loop {
         let Ok((conn, _)) = listener.accept().await else { continue };
         let id = next_id;

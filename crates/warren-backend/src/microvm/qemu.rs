@@ -14,6 +14,7 @@
 //! network device and no shared host directory.
 
 use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -91,7 +92,26 @@ pub struct VmSpec<'a> {
     pub hostname: &'a str,
     /// An empty directory QEMU chroots into once it has opened its files.
     pub jail: &'a Path,
+    /// A migration stream to load instead of booting (`-incoming fd:3`):
+    /// the guest's memory and devices from a snapshot. Everything else
+    /// must match what the snapshot's QEMU was started with.
+    pub incoming: Option<&'a std::fs::File>,
+    /// Hand QEMU the writable disk as descriptors (`-add-fd`, one
+    /// read-write and one read-only, `file=/dev/fdset/1`) instead of a
+    /// path. A migration's source drops its write access at the end and
+    /// its destination takes it at the start, and QEMU reopens the file to
+    /// do so: by path that fails in its chroot, from the fd set it works.
+    pub writable_by_fd: bool,
 }
+
+/// The descriptor QEMU reads an incoming migration stream from.
+const INCOMING_FD: i32 = 3;
+/// The writable disk's read-write and read-only descriptors in fd set 1.
+const WRITABLE_RW_FD: i32 = 4;
+const WRITABLE_RO_FD: i32 = 5;
+/// Descriptors to hand over are moved at least this high first, so that
+/// putting one at its target never overwrites another still to be moved.
+const HANDOVER_MIN_FD: i32 = 16;
 
 /// Kernel arguments every boot shares. Under TCG the guest's TSC is the
 /// host's, and calibrating it against emulated timers either fails (no
@@ -165,10 +185,53 @@ pub fn spawn(spec: &VmSpec<'_>) -> Result<Child> {
             .arg(format!("id=l{i},file={},format=raw,if=none,readonly=on", drive_path(layer)?))
             .args(["-device", &format!("{},drive=l{i},serial=wl{i}", spec.machine.device("virtio-blk"))]);
     }
+    let mut handover: Vec<(OwnedFd, i32)> = Vec::new();
+    let writable = if spec.writable_by_fd {
+        for (read_write, target) in [(true, WRITABLE_RW_FD), (false, WRITABLE_RO_FD)] {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(read_write)
+                .open(spec.writable)
+                .map_err(|e| BackendError::io(format!("open {}", spec.writable.display()), e))?;
+            handover.push((high_fd(file.into())?, target));
+            cmd.args(["-add-fd", &format!("fd={target},set=1")]);
+        }
+        "/dev/fdset/1".to_string()
+    } else {
+        drive_path(spec.writable)?
+    };
     cmd.arg("-drive")
-        .arg(format!("id=rw,file={},format=raw,if=none,cache=unsafe", drive_path(spec.writable)?))
+        .arg(format!("id=rw,file={writable},format=raw,if=none,cache=unsafe"))
         .args(["-device", &format!("{},drive=rw,serial=wrw", spec.machine.device("virtio-blk"))]);
+    if let Some(stream) = spec.incoming {
+        let dup = stream.try_clone().map_err(|e| BackendError::io("duplicate the snapshot's descriptor", e))?;
+        handover.push((high_fd(dup.into())?, INCOMING_FD));
+        cmd.args(["-incoming", &format!("fd:{INCOMING_FD}")]);
+    }
+    if !handover.is_empty() {
+        let pairs: Vec<(i32, i32)> = handover.iter().map(|(fd, target)| (fd.as_raw_fd(), *target)).collect();
+        // SAFETY: between fork and exec only dup2, which is
+        // async-signal-safe, on descriptors the parent keeps open until
+        // `spawn` returns; the sources are all above every target.
+        unsafe {
+            cmd.pre_exec(move || {
+                for &(fd, target) in &pairs {
+                    if libc::dup2(fd, target) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+    }
+    // The handover descriptors are closed once the child has its copies.
     cmd.spawn().map_err(|e| BackendError::io(format!("start {}", spec.qemu.display()), e))
+}
+
+/// `fd` moved to a close-on-exec descriptor at or above [`HANDOVER_MIN_FD`].
+fn high_fd(fd: OwnedFd) -> Result<OwnedFd> {
+    rustix::io::fcntl_dupfd_cloexec(&fd, HANDOVER_MIN_FD)
+        .map_err(|e| BackendError::io("move a descriptor for QEMU", e.into()))
 }
 
 /// QEMU's option syntax splits on commas (`,,` escapes one).

@@ -12,7 +12,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::{BackendError, Result};
 
@@ -52,27 +52,122 @@ pub fn query_status(sock: &Path) -> Result<Status> {
     }
 }
 
+/// Writes the guest's state (memory and devices) to `file` as a migration
+/// stream and returns once it is complete. The guest should be stopped
+/// first (then the stream is one consistent moment). The descriptor goes
+/// to QEMU over the socket (`getfd`): QEMU is chrooted and may not spawn,
+/// so neither `file:` (not in 7.2) nor `exec:` is open to it.
+pub fn migrate_to_file(sock: &Path, file: &std::fs::File, timeout: Duration) -> Result<()> {
+    use std::os::fd::AsFd;
+    let mut session = Session::open(sock)?;
+    // QEMU's default bandwidth cap paces a stream meant for a socket to
+    // another host; a local file takes it as fast as it comes.
+    session.request("migrate-set-parameters", json!({ "max-bandwidth": i64::MAX >> 1 }))?;
+    session.request_with_fd("getfd", json!({ "fdname": "snapshot" }), file.as_fd())?;
+    session.request("migrate", json!({ "uri": "fd:snapshot" }))?;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let state = session.request("query-migrate", json!({}))?;
+        match state.get("status").and_then(Value::as_str) {
+            Some("completed") => return Ok(()),
+            Some("failed" | "cancelled") => {
+                let why = state.get("error-desc").and_then(Value::as_str).unwrap_or("no reason given");
+                return Err(BackendError::Protocol(format!("QEMU's migration to a file failed: {why}")));
+            }
+            _ if std::time::Instant::now() >= deadline => {
+                let _ = session.request("migrate_cancel", json!({}));
+                return Err(BackendError::Protocol(format!("QEMU's migration did not finish within {timeout:?}")));
+            }
+            _ => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// Waits until a QEMU started with `-incoming` has loaded the stream: its
+/// run state leaves `inmigrate`. A guest snapshotted while stopped stays
+/// stopped (`cont` starts it).
+pub fn wait_incoming(sock: &Path, timeout: Duration) -> Result<Status> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match query_status(sock) {
+            Ok(status) if status.status != "inmigrate" => return Ok(status),
+            Ok(_) => {}
+            // QEMU creates its socket a moment after it starts.
+            Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => {}
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(BackendError::Protocol(format!("QEMU did not load the snapshot within {timeout:?}")));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Connects, leaves capabilities negotiation, runs `command` and returns
 /// its `return` value; an `error` answer is an error naming QEMU's reason.
 fn execute(sock: &Path, command: &str) -> Result<Value> {
-    let io = |what: &str, e: std::io::Error| BackendError::io(format!("QMP {what} on {}", sock.display()), e);
-    let stream = UnixStream::connect(sock).map_err(|e| io("connect", e))?;
-    stream.set_read_timeout(Some(QMP_TIMEOUT)).map_err(|e| io("set timeout", e))?;
-    stream.set_write_timeout(Some(QMP_TIMEOUT)).map_err(|e| io("set timeout", e))?;
-    let mut writer = stream.try_clone().map_err(|e| io("clone", e))?;
-    let mut reader = BufReader::new(stream);
-    let greeting = read_message(&mut reader).map_err(|e| io("greeting", e))?;
-    if greeting.get("QMP").is_none() {
-        return Err(BackendError::Protocol(format!("not a QMP greeting: {greeting}")));
-    }
-    request(&mut reader, &mut writer, "qmp_capabilities")?;
-    request(&mut reader, &mut writer, command)
+    Session::open(sock)?.request(command, Value::Null)
 }
 
-fn request(reader: &mut impl BufRead, writer: &mut impl Write, command: &str) -> Result<Value> {
+/// One QMP connection past capabilities negotiation.
+struct Session {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Session {
+    fn open(sock: &Path) -> Result<Session> {
+        let io = |what: &str, e: std::io::Error| BackendError::io(format!("QMP {what} on {}", sock.display()), e);
+        let stream = UnixStream::connect(sock).map_err(|e| io("connect", e))?;
+        stream.set_read_timeout(Some(QMP_TIMEOUT)).map_err(|e| io("set timeout", e))?;
+        stream.set_write_timeout(Some(QMP_TIMEOUT)).map_err(|e| io("set timeout", e))?;
+        let writer = stream.try_clone().map_err(|e| io("clone", e))?;
+        let mut reader = BufReader::new(stream);
+        let greeting = read_message(&mut reader).map_err(|e| io("greeting", e))?;
+        if greeting.get("QMP").is_none() {
+            return Err(BackendError::Protocol(format!("not a QMP greeting: {greeting}")));
+        }
+        let mut session = Session { reader, writer };
+        session.request("qmp_capabilities", Value::Null)?;
+        Ok(session)
+    }
+
+    fn request(&mut self, command: &str, arguments: Value) -> Result<Value> {
+        let line = request_line(command, arguments);
+        self.writer.write_all(line.as_bytes()).map_err(|e| BackendError::io(format!("QMP {command}"), e))?;
+        answer(&mut self.reader, command)
+    }
+
+    /// As [`Session::request`], with `fd` passed along (SCM_RIGHTS).
+    fn request_with_fd(&mut self, command: &str, arguments: Value, fd: std::os::fd::BorrowedFd<'_>) -> Result<Value> {
+        use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        let line = request_line(command, arguments);
+        let fds = [fd];
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        control.push(SendAncillaryMessage::ScmRights(&fds));
+        let sent = sendmsg(&self.writer, &[std::io::IoSlice::new(line.as_bytes())], &mut control, SendFlags::empty())
+            .map_err(|e| BackendError::io(format!("QMP {command}"), e.into()))?;
+        if sent != line.len() {
+            // QEMU takes the descriptor with the first byte; the rest is plain.
+            self.writer
+                .write_all(&line.as_bytes()[sent..])
+                .map_err(|e| BackendError::io(format!("QMP {command}"), e))?;
+        }
+        answer(&mut self.reader, command)
+    }
+}
+
+fn request_line(command: &str, arguments: Value) -> String {
+    let request = match arguments {
+        Value::Null => json!({ "execute": command }),
+        arguments => json!({ "execute": command, "arguments": arguments }),
+    };
+    format!("{request}\n")
+}
+
+fn answer(reader: &mut impl BufRead, command: &str) -> Result<Value> {
     let io = |e: std::io::Error| BackendError::io(format!("QMP {command}"), e);
-    let line = format!("{}\n", serde_json::json!({ "execute": command }));
-    writer.write_all(line.as_bytes()).map_err(io)?;
     loop {
         let message = read_message(reader).map_err(io)?;
         // Events (STOP, RESUME, ...) may come before the answer.
@@ -149,6 +244,59 @@ mod tests {
         let err = cont(&sock).unwrap_err().to_string();
         assert!(err.contains("no way"), "{err}");
         server.join().unwrap();
+    }
+
+    /// A QMP server that takes the descriptor `getfd` passes, writes into
+    /// it as QEMU's migration would, and reports the migration complete.
+    #[test]
+    fn migrate_to_file_hands_qemu_the_file_and_waits_for_completion() {
+        use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("qmp.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            conn.write_all(b"{\"QMP\": {}}\n").unwrap();
+            let mut seen = Vec::new();
+            let mut polls = 0;
+            loop {
+                let mut buf = [0u8; 4096];
+                let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+                let mut control = RecvAncillaryBuffer::new(&mut space);
+                let got = recvmsg(&conn, &mut [std::io::IoSliceMut::new(&mut buf)], &mut control, RecvFlags::empty())
+                    .unwrap();
+                if got.bytes == 0 {
+                    return seen;
+                }
+                for message in control.drain() {
+                    if let RecvAncillaryMessage::ScmRights(fds) = message {
+                        for fd in fds {
+                            std::fs::File::from(fd).write_all(b"guest state").unwrap();
+                        }
+                    }
+                }
+                let line: Value = serde_json::from_slice(&buf[..got.bytes]).unwrap();
+                let command = line["execute"].as_str().unwrap().to_string();
+                let answer = match command.as_str() {
+                    "query-migrate" if polls == 0 => r#"{"return": {"status": "active"}}"#,
+                    "query-migrate" => r#"{"return": {"status": "completed"}}"#,
+                    _ => r#"{"return": {}}"#,
+                };
+                polls += usize::from(command == "query-migrate");
+                seen.push(command);
+                conn.write_all(format!("{answer}\n").as_bytes()).unwrap();
+            }
+        });
+        let path = dir.path().join("mem");
+        let file = std::fs::File::create(&path).unwrap();
+        migrate_to_file(&sock, &file, Duration::from_secs(10)).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"guest state", "QEMU got the file's descriptor");
+        drop(file);
+        let seen = server.join().unwrap();
+        assert_eq!(
+            seen,
+            ["qmp_capabilities", "migrate-set-parameters", "getfd", "migrate", "query-migrate", "query-migrate"]
+        );
     }
 
     #[test]

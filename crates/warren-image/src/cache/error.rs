@@ -22,6 +22,10 @@ pub enum CacheError {
     /// the manifest names.
     #[error("layer {digest}: chunk {index}: {reason}")]
     Chunk { digest: String, index: usize, reason: String },
+    /// The layer's metadata blob could not be fetched or is not the one
+    /// its manifest names; nothing of it was written.
+    #[error("layer {digest}: metadata: {reason}")]
+    Metadata { digest: String, reason: String },
     /// What an earlier run left for a layer cannot be used; it is removed.
     #[error("cached layer {hex} is unusable: {reason}")]
     Unusable { hex: String, reason: String },

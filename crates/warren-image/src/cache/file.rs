@@ -1,15 +1,24 @@
 //! One cached layer on disk: `<hex>.erofs` (the layer, sparse until
-//! filled), `<hex>.json` (its manifest) and `<hex>.present` (one byte per
-//! chunk, 1 once the chunk is written and verified).
+//! filled), `<hex>.json` (its manifest), `<hex>.present` (one byte per
+//! chunk, 1 once the chunk is written and verified) and `<hex>.meta` (the
+//! metadata blob's digest, once all of its pages are written).
+//!
+//! Presence is tracked at two granularities: whole chunks, and the
+//! metadata pages written from the layer's metadata blob (all or none).
+//! A read whose pages are all metadata needs no chunk; a read that touches
+//! a data page of a chunk fetches the whole chunk, verifies it and writes
+//! it, rewriting any metadata pages in it with the same bytes.
 //!
 //! Invariant: a chunk is marked present only after its bytes matched the
 //! manifest's digest and were written; a present chunk is never rewritten.
-//! Bytes outside present chunks are never handed to a reader: the fill
-//! daemon either writes the verified chunk or denies the read.
+//! The metadata pages are marked present only after the whole blob matched
+//! the manifest's digest and metadata map and every page was written.
+//! Bytes outside present chunks and pages are never handed to a reader:
+//! the fill daemon either writes the verified chunk or denies the read.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::ErrorKind;
-use std::ops::RangeInclusive;
+use std::ops::{Range, RangeInclusive};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -62,6 +71,7 @@ struct Counters {
     bytes_fetched: AtomicU64,
     chunks_fetched: AtomicU64,
     metadata_chunks_fetched: AtomicU64,
+    metadata_bytes_fetched: AtomicU64,
     cache_hits: AtomicU64,
     fill_events: AtomicU64,
     failed_fills: AtomicU64,
@@ -90,8 +100,14 @@ pub(crate) struct LayerFile {
     /// an adoption it is used only to name the inode (mark, unmark, stat).
     file: File,
     bitmap: File,
+    /// Where `meta_present` is persisted.
+    meta_marker: PathBuf,
     key: InodeKey,
     digests: Vec<[u8; 32]>,
+    /// The pages the metadata blob carries; empty for a manifest without
+    /// one (its metadata arrives in whole chunks).
+    meta_pages: Vec<Range<u64>>,
+    meta_present: AtomicBool,
     chunks: Mutex<Chunks>,
     settled: Condvar,
     unmarked: AtomicBool,
@@ -105,9 +121,10 @@ impl LayerFile {
         let paths = Paths::new(dir, &hex);
         let json = manifest.to_json()?;
         fs::write(&paths.record, json).context(|| format!("writing {}", paths.record.display()))?;
+        remove_if_present(&paths.meta);
         let file = create_sized(&paths.layer, manifest.size)?;
         let bitmap = create_sized(&paths.bitmap, u64::try_from(manifest.chunks.len()).unwrap_or(u64::MAX))?;
-        Self::assemble(manifest.clone(), hex, paths.layer, file, bitmap, vec![0; manifest.chunks.len()])
+        Self::assemble(manifest.clone(), hex, paths, file, bitmap, vec![0; manifest.chunks.len()], false)
     }
 
     /// Opens what an earlier run left for `hex`.
@@ -129,30 +146,40 @@ impl LayerFile {
         // A short bitmap (a crash while creating it) reads as missing chunks.
         let read = read_at_most(&bitmap, &mut marks).context(|| format!("reading {}", paths.bitmap.display()))?;
         marks[read..].fill(0);
-        Self::assemble(manifest, hex.to_owned(), paths.layer, file, bitmap, marks)
+        let meta_present = match (&manifest.metadata_blob, fs::read(&paths.meta)) {
+            (Some(blob), Ok(recorded)) => recorded == blob.digest.as_bytes(),
+            _ => false,
+        };
+        Self::assemble(manifest, hex.to_owned(), paths, file, bitmap, marks, meta_present)
     }
 
     fn assemble(
         manifest: LayerManifest,
         hex: String,
-        path: PathBuf,
+        paths: Paths,
         file: File,
         bitmap: File,
         marks: Vec<u8>,
+        meta_present: bool,
     ) -> Result<Self> {
+        let path = paths.layer;
         let digests = manifest.chunks.iter().map(|c| parse_digest(c)).collect::<Result<Vec<_>>>()?;
         let stat = rustix::fs::fstat(&file).context(|| format!("stat {}", path.display()))?;
         let states: Vec<ChunkState> =
             marks.iter().map(|&m| if m == 1 { ChunkState::Present } else { ChunkState::Missing }).collect();
         let present = states.iter().filter(|s| **s == ChunkState::Present).count();
+        let meta_pages = if manifest.metadata_blob.is_some() { manifest.metadata_pages() } else { Vec::new() };
         Ok(Self {
             manifest: Arc::new(manifest),
             hex,
             path,
             file,
             bitmap,
+            meta_marker: paths.meta,
             key: (stat.st_dev, stat.st_ino),
             digests,
+            meta_pages,
+            meta_present: AtomicBool::new(meta_present),
             chunks: Mutex::new(Chunks { states, present }),
             settled: Condvar::new(),
             unmarked: AtomicBool::new(false),
@@ -163,12 +190,8 @@ impl LayerFile {
     /// Removes every file of `hex`; missing files are not an error.
     pub(crate) fn remove(dir: &Path, hex: &str) {
         let paths = Paths::new(dir, hex);
-        for path in [&paths.layer, &paths.bitmap, &paths.record] {
-            if let Err(e) = fs::remove_file(path) {
-                if e.kind() != ErrorKind::NotFound {
-                    tracing::warn!(path = %path.display(), error = %e, "could not remove a cached layer file");
-                }
-            }
+        for path in [&paths.layer, &paths.bitmap, &paths.meta, &paths.record] {
+            remove_if_present(path);
         }
     }
 
@@ -223,12 +246,76 @@ impl LayerFile {
                 dropped += 1;
             }
         }
+        if self.meta_present.load(Ordering::Acquire) && !self.metadata_pages_match()? {
+            self.meta_present.store(false, Ordering::Release);
+            remove_if_present(&self.meta_marker);
+            dropped += 1;
+        }
         Ok(dropped)
     }
 
+    /// Whether the metadata pages on disk still make the blob the manifest
+    /// names.
+    fn metadata_pages_match(&self) -> Result<bool> {
+        let Some(blob) = &self.manifest.metadata_blob else { return Ok(false) };
+        match crate::metablob::encode(&self.file, &self.meta_pages) {
+            Ok(bytes) => Ok(crate::metablob::digest(&bytes) == blob.digest),
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => Ok(false),
+            Err(e) => Err(e).context(|| format!("reading the metadata of {}", self.hex)),
+        }
+    }
+
+    /// Whether the layer's metadata comes as one blob that is not written
+    /// yet: what must happen before it is mounted.
+    pub(crate) fn needs_metadata_blob(&self) -> bool {
+        self.manifest.metadata_blob.is_some() && !self.meta_present.load(Ordering::Acquire)
+    }
+
+    /// Checks the fetched metadata blob against the manifest and writes all
+    /// of its pages, through the file's own (event-free) descriptor, before
+    /// the file is marked. Nothing is written unless the whole blob checked.
+    pub(crate) fn store_metadata_blob(&self, fetched: std::result::Result<Bytes, String>) -> Result<()> {
+        let error = |reason: String| CacheError::Metadata { digest: self.manifest.digest.clone(), reason };
+        let blob = fetched.map_err(|reason| error(format!("fetching the metadata blob: {reason}")))?;
+        let r = self.manifest.metadata_blob.as_ref().ok_or_else(|| error("the layer has no metadata blob".into()))?;
+        self.counters.bytes_fetched.fetch_add(blob.len() as u64, Ordering::Relaxed);
+        self.counters.metadata_bytes_fetched.fetch_add(blob.len() as u64, Ordering::Relaxed);
+        let ranges = crate::metablob::decode(&blob, &r.digest, &self.meta_pages).map_err(|e| error(e.to_string()))?;
+        for (offset, bytes) in ranges {
+            self.file.write_all_at(bytes, offset).context(|| format!("writing the metadata of {}", self.hex))?;
+        }
+        // The marker trails the pages: a crash in between only costs a refetch.
+        self.file.sync_data().context(|| format!("syncing {}", self.path.display()))?;
+        fs::write(&self.meta_marker, r.digest.as_bytes())
+            .context(|| format!("writing {}", self.meta_marker.display()))?;
+        self.meta_present.store(true, Ordering::Release);
+        // A chunk made only of metadata pages now holds the bytes the
+        // manifest names (the blob matched it): no read will ever fetch it.
+        for index in 0..self.digests.len() {
+            let (start, len) = self.extent(index);
+            if self.in_metadata_pages(start..start + len) && self.lock().states[index] == ChunkState::Missing {
+                self.set_state(index, ChunkState::Present);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether every byte of `range` lies in metadata pages already written.
+    fn in_metadata_pages(&self, range: Range<u64>) -> bool {
+        if range.is_empty() || !self.meta_present.load(Ordering::Acquire) {
+            return false;
+        }
+        // The pages are sorted and merged, so one of them must hold it all.
+        let i = self.meta_pages.partition_point(|p| p.end <= range.start);
+        self.meta_pages.get(i).is_some_and(|p| p.start <= range.start && range.end <= p.end)
+    }
+
     /// Chunks holding metadata that are not present yet: what must be local
-    /// before the layer is mounted.
+    /// before the layer is mounted (none when the metadata comes as a blob).
     pub(crate) fn missing_metadata_chunks(&self) -> Vec<usize> {
+        if self.manifest.metadata_blob.is_some() {
+            return Vec::new();
+        }
         let chunk_size = self.manifest.chunk_size;
         let chunks = self.lock();
         let mut wanted: Vec<usize> = self
@@ -279,9 +366,17 @@ impl LayerFile {
         self.counters.bytes_accessed.fetch_add(end - offset, Ordering::Relaxed);
         outcome.bytes_accessed += end - offset;
         let span = chunk_index(offset, self.manifest.chunk_size)..=chunk_index(end - 1, self.manifest.chunk_size);
+        // Chunks whose part of the range is all metadata pages already here.
+        let covered: Vec<usize> = span
+            .clone()
+            .filter(|&index| {
+                let (start, len) = self.extent(index);
+                self.in_metadata_pages(offset.max(start)..end.min(start + len))
+            })
+            .collect();
         let mut first_look = true;
         loop {
-            let (claim, others_fetching) = self.claim(span.clone());
+            let (claim, others_fetching) = self.claim(span.clone(), &covered);
             if claim.indices.is_empty() && !others_fetching {
                 if first_look {
                     self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
@@ -334,11 +429,11 @@ impl LayerFile {
 
     /// Marks every missing chunk of `span` as ours to fetch; reports whether
     /// other fillers are fetching some of the rest.
-    fn claim(&self, span: RangeInclusive<usize>) -> (Claim<'_>, bool) {
+    fn claim(&self, span: RangeInclusive<usize>, covered: &[usize]) -> (Claim<'_>, bool) {
         let mut chunks = self.lock();
         let mut indices = Vec::new();
         let mut others = false;
-        for index in span {
+        for index in span.filter(|i| !covered.contains(i)) {
             match chunks.states[index] {
                 ChunkState::Missing => {
                     chunks.states[index] = ChunkState::Fetching;
@@ -418,6 +513,7 @@ impl LayerFile {
             bytes_fetched: load(&self.counters.bytes_fetched),
             chunks_fetched: load(&self.counters.chunks_fetched),
             metadata_chunks_fetched: load(&self.counters.metadata_chunks_fetched),
+            metadata_bytes_fetched: load(&self.counters.metadata_bytes_fetched),
             cache_hits: load(&self.counters.cache_hits),
             fill_events: load(&self.counters.fill_events),
             failed_fills: load(&self.counters.failed_fills),
@@ -453,6 +549,7 @@ struct Paths {
     layer: PathBuf,
     record: PathBuf,
     bitmap: PathBuf,
+    meta: PathBuf,
 }
 
 impl Paths {
@@ -461,6 +558,7 @@ impl Paths {
             layer: dir.join(format!("{hex}.erofs")),
             record: dir.join(format!("{hex}.json")),
             bitmap: dir.join(format!("{hex}.present")),
+            meta: dir.join(format!("{hex}.meta")),
         }
     }
 }
@@ -469,7 +567,7 @@ impl Paths {
 pub(crate) fn owned_file_hex(name: &str) -> Option<&str> {
     let (hex, ext) = name.rsplit_once('.')?;
     let is_hex = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    (is_hex && matches!(ext, "erofs" | "json" | "present")).then_some(hex)
+    (is_hex && matches!(ext, "erofs" | "json" | "present" | "meta")).then_some(hex)
 }
 
 fn chunk_index(offset: u64, chunk_size: u64) -> usize {
@@ -488,6 +586,14 @@ fn parse_digest(digest: &str) -> Result<[u8; 32]> {
 
 fn corrupt(hex: &str, reason: &str) -> CacheError {
     CacheError::Unusable { hex: hex.to_owned(), reason: reason.to_owned() }
+}
+
+fn remove_if_present(path: &Path) {
+    if let Err(e) = fs::remove_file(path) {
+        if e.kind() != ErrorKind::NotFound {
+            tracing::warn!(path = %path.display(), error = %e, "could not remove a cached layer file");
+        }
+    }
 }
 
 fn create_sized(path: &Path, len: u64) -> Result<File> {
