@@ -11,7 +11,7 @@
 //! and `GET /v1/stats` (this server's and the cluster's numbers, see
 //! [`crate::metrics`]), the `/ui` dashboard, and the IAM
 //! routes (`/v1/projects...`, `/v1/keys/{id}`: warren-control's own, over
-//! projects and keys in etcd). Every request passes [`iam::authorize`]
+//! projects and keys in etcd). Every request passes `iam::authorize`
 //! first: creates land in the caller's project within its quotas, and
 //! another project's sandbox is not found. Everything else
 //! (images, functions, E2B) answers 501 `unsupported` in this
@@ -372,7 +372,7 @@ async fn create(
         Err(e) => return warren_control::iam_error(e),
     };
     // Held until the sandbox is counted as placed (or the create failed).
-    let (project, _quota) = match iam::admit(&s, &caller, &mut parsed, "project", count, queue).await {
+    let (project, quota) = match iam::admit(&s, &caller, &mut parsed, "project", count, queue).await {
         Ok(admitted) => admitted,
         Err(e) => return warren_control::iam_error(e),
     };
@@ -380,6 +380,13 @@ async fn create(
     let wait = queue.then_some(Wait { project: &project, on_wait: &|_| {} });
     let (status, answer) = place_and_count(&s, query.as_deref(), &body, &ask, key.as_deref(), wait).await;
     s.count_placed(status, &answer, &project, cpus_of(&parsed), ask.memory_mib);
+    if let Some(held) = quota {
+        let node = match status {
+            StatusCode::CREATED => answer.pointer("/placement/node").and_then(Value::as_str).map(str::to_string),
+            _ => None,
+        };
+        held.finish(node).await;
+    }
     (status, Json(answer)).into_response()
 }
 

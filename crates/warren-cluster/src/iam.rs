@@ -253,7 +253,7 @@ pub(crate) async fn admit(
     };
     if !limited {
         let local = iam.admit(&project, demand, s.usage(), queue).await?;
-        return Ok((project, Some(Held { local, _hold: None })));
+        return Ok((project, Some(Held { local, hold: None })));
     }
     // The ledger (see `crate::ledger`): admitted against what the other
     // API servers hold, then held there unless one of them wrote first.
@@ -262,7 +262,7 @@ pub(crate) async fn admit(
         let source = WithOthers { base: s.usage(), others: s.ledger().others_usage(&snapshot) };
         let local = iam.admit(&project, demand, &source, queue).await?;
         if let Some(hold) = s.ledger().try_take(snapshot, &project, demand).await.map_err(cluster_to_iam)? {
-            return Ok((project, Some(Held { local, _hold: Some(hold) })));
+            return Ok((project, Some(Held { local, hold: Some(hold) })));
         }
     }
     Err(IamError::Internal(format!("the quota ledger stayed contended for {LEDGER_ATTEMPTS} attempts")))
@@ -273,14 +273,25 @@ pub(crate) async fn admit(
 const LEDGER_ATTEMPTS: usize = 64;
 
 /// Room a create took: in this API server's gate, and, for a project with
-/// a concurrency quota, in the cluster's quota ledger (marked done when
-/// this is dropped).
+/// a concurrency quota, in the cluster's quota ledger (marked done by
+/// [`Held::finish`], or in the background when this is dropped).
 pub(crate) struct Held {
     local: Admitted,
-    _hold: Option<HoldGuard>,
+    hold: Option<HoldGuard>,
 }
 
 impl Held {
+    /// The create is done (its sandbox made on `node`, if any): the room
+    /// goes back to the gate and the ledger's hold is marked done before
+    /// the client is answered.
+    pub(crate) async fn finish(self, node: Option<String>) {
+        let Held { local, hold } = self;
+        if let Some(hold) = hold {
+            hold.finish(node).await;
+        }
+        drop(local);
+    }
+
     /// See [`Admitted::release_one`] (the ledger's hold stays until the
     /// whole batch is done).
     pub(crate) fn release_one(&self) {

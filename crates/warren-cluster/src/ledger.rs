@@ -59,15 +59,21 @@ pub struct Hold {
     /// When the create finished (made or failed); `None` while under way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub done_at_ms: Option<u64>,
+    /// The node that made the sandbox, when one create made one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 impl Hold {
     /// Whether the hold still holds room: under way and not expired, or
-    /// done but not yet seen by every live node's heartbeat.
+    /// done but not yet in a heartbeat of the node that made its sandbox
+    /// (of every live node, when that is not known: a batch, a failure).
     fn counts(&self, nodes: &[NodeStatus], now_ms: u64) -> bool {
-        match self.done_at_ms {
-            None => now_ms.saturating_sub(self.taken_at_ms) < HOLD_TTL_MS,
-            Some(done) => nodes.iter().any(|n| n.heartbeat_at_ms <= done),
+        match (self.done_at_ms, &self.node) {
+            (None, _) => now_ms.saturating_sub(self.taken_at_ms) < HOLD_TTL_MS,
+            // A node gone is its sandboxes gone.
+            (Some(done), Some(node)) => nodes.iter().any(|n| n.name == *node && n.heartbeat_at_ms <= done),
+            (Some(done), None) => nodes.iter().any(|n| n.heartbeat_at_ms <= done),
         }
     }
 }
@@ -151,25 +157,28 @@ impl QuotaLedger {
             memory_mib: demand.memory_mib,
             taken_at_ms: now_ms,
             done_at_ms: None,
+            node: None,
         };
         ledger.holds.insert(id.clone(), hold);
         let value = serde_json::to_vec(&ledger).map_err(|e| ClusterError::Corrupt(e.to_string()))?;
         let outcome =
             self.etcd.call(move |st| Ok(st.compare_and_swap(Table::Meta, LEDGER_KEY, expect, &value)?)).await?;
         Ok(match outcome {
-            Cas::Done { .. } => Some(HoldGuard { ledger: Arc::clone(self), id }),
+            Cas::Done { .. } => Some(HoldGuard { held: Some((Arc::clone(self), id)) }),
             Cas::Conflict { .. } => None,
         })
     }
 
-    /// Marks hold `id` done now (a read-modify-write that retries on races).
-    async fn done(&self, id: String) -> Result<(), ClusterError> {
+    /// Marks hold `id` done now, made on `node` if one create made one
+    /// there (a read-modify-write that retries on races).
+    async fn done(&self, id: String, node: Option<String>) -> Result<(), ClusterError> {
         let now = warren_node::now_ms();
         let nodes = self.nodes.all();
         let update = move |current: Option<&[u8]>| {
             let Ok(mut ledger) = Ledger::parse(current) else { return Update::Keep };
             let Some(hold) = ledger.holds.get_mut(&id) else { return Update::Keep };
             hold.done_at_ms = Some(now);
+            hold.node = node.clone();
             ledger.prune(&nodes, now);
             serde_json::to_vec(&ledger).map_or(Update::Keep, Update::Put)
         };
@@ -177,19 +186,32 @@ impl QuotaLedger {
     }
 }
 
-/// A hold in the ledger; dropping it marks it done (in the background).
+/// A hold in the ledger: [`HoldGuard::finish`] marks it done; dropping it
+/// unfinished marks it done in the background, node unknown.
 pub struct HoldGuard {
-    ledger: Arc<QuotaLedger>,
-    id: String,
+    held: Option<(Arc<QuotaLedger>, String)>,
+}
+
+impl HoldGuard {
+    /// Marks the hold done now, its sandbox made on `node` (if any), and
+    /// waits for the write: the create's client, once answered, finds its
+    /// sandbox counted exactly once by every API server.
+    pub async fn finish(mut self, node: Option<String>) {
+        if let Some((ledger, id)) = self.held.take() {
+            if let Err(e) = ledger.done(id.clone(), node).await {
+                tracing::warn!(hold = %id, "the quota ledger: marking a hold done: {e}");
+            }
+        }
+    }
 }
 
 impl Drop for HoldGuard {
     fn drop(&mut self) {
-        let (ledger, id) = (Arc::clone(&self.ledger), self.id.clone());
+        let Some((ledger, id)) = self.held.take() else { return };
         // Off the request: a hold not marked done expires after HOLD_TTL_MS.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Err(e) = ledger.done(id.clone()).await {
+                if let Err(e) = ledger.done(id.clone(), None).await {
                     tracing::warn!(hold = %id, "the quota ledger: marking a hold done: {e}");
                 }
             });
@@ -206,7 +228,15 @@ mod tests {
     }
 
     fn hold(project: &str, count: u64, taken: u64, done: Option<u64>) -> Hold {
-        Hold { project: project.into(), count, cpus: 1.0, memory_mib: 64, taken_at_ms: taken, done_at_ms: done }
+        Hold {
+            project: project.into(),
+            count,
+            cpus: 1.0,
+            memory_mib: 64,
+            taken_at_ms: taken,
+            done_at_ms: done,
+            node: None,
+        }
     }
 
     #[test]
@@ -223,6 +253,20 @@ mod tests {
         // Once every node has sent a heartbeat after it was done, a hold counts no more.
         let nodes = [node("n0", 2_100), node("n1", 2_500)];
         assert_eq!(ledger.others_usage("api2-", &nodes, 3_000).len(), 2);
+    }
+
+    #[test]
+    fn a_hold_with_its_node_counts_until_that_nodes_heartbeat_only() {
+        let mut ledger = Ledger::default();
+        let mut made = hold("a", 1, 1_000, Some(2_000));
+        made.node = Some("n0".into());
+        ledger.holds.insert("api1-0".into(), made);
+        // n0 has not sent a heartbeat since: the hold counts, whatever n1 did.
+        assert_eq!(ledger.others_usage("api2-", &[node("n0", 1_900), node("n1", 2_500)], 3_000).len(), 1);
+        // n0's heartbeat counts the sandbox now; n1 lagging does not matter.
+        assert_eq!(ledger.others_usage("api2-", &[node("n0", 2_100), node("n1", 1_500)], 3_000).len(), 0);
+        // n0 gone: its sandbox with it.
+        assert_eq!(ledger.others_usage("api2-", &[node("n1", 1_500)], 3_000).len(), 0);
     }
 
     #[test]
