@@ -17,7 +17,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -145,6 +145,11 @@ pub struct Pools {
     epoch: Instant,
     /// When the last request started, in ns since `epoch`.
     busy_ns: AtomicU64,
+    /// Set by [`Pools::drain`]: no member is made or kept after it.
+    closed: AtomicBool,
+    /// Held while a member is made and put in its pool, so that a drain
+    /// waits for a member under way instead of missing it.
+    filling: tokio::sync::Mutex<()>,
 }
 
 impl Pools {
@@ -155,6 +160,8 @@ impl Pools {
             wake: Notify::new(),
             epoch: Instant::now(),
             busy_ns: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            filling: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -205,6 +212,9 @@ impl Pools {
     /// Destroys every idle member of `driver`'s backend (shutdown of a
     /// test server).
     pub async fn drain(&self, driver: &dyn Driver) {
+        self.closed.store(true, Ordering::SeqCst);
+        // A member being made now is in its pool once this is ours.
+        let _no_filling = self.filling.lock().await;
         let backend = driver.backend();
         let all: Vec<Member> = {
             let mut members = self.members();
@@ -248,6 +258,10 @@ impl Node {
                     }
                     if idle >= spec.size.div_ceil(2) {
                         pools.quiet().await;
+                    }
+                    let _filling = pools.filling.lock().await;
+                    if pools.closed.load(Ordering::SeqCst) {
+                        return;
                     }
                     match self.make_member(spec).await {
                         Ok(h) => pools.members().entry(key.clone()).or_default().push_back(h),
