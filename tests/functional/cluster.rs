@@ -130,6 +130,7 @@ async fn a_cluster_places_routes_and_survives_its_failures() {
     assert_eq!(seen.running_by_backend.get("container"), Some(&9));
     assert_eq!(seen.running_by_node.values().sum::<u64>(), 9);
     assert_eq!(seen.running_by_label.get("suite=cluster"), Some(&9), "{seen:?}");
+    assert_eq!(seen.live_by_project.values().sum::<u64>(), 9, "{seen:?}");
     check_observability(&apis, &nodes, &placed_by).await;
 
     // Image locality: an image only n2 holds goes to n2.

@@ -51,6 +51,10 @@ pub struct ClusterStatus {
     pub running_by_backend: BTreeMap<String, u64>,
     pub running_by_node: BTreeMap<String, u64>,
     pub running_by_label: BTreeMap<String, u64>,
+    /// Live sandboxes (paused ones included) by project, from the nodes'
+    /// heartbeats.
+    #[serde(default)]
+    pub live_by_project: BTreeMap<String, u64>,
     /// Sandboxes given up with their lost nodes, still on record.
     pub lost: u64,
 }

@@ -277,6 +277,7 @@ pub fn summarise(nodes: Vec<NodeStatus>, lost: u64) -> ClusterStatus {
         running_by_backend: BTreeMap::new(),
         running_by_node: BTreeMap::new(),
         running_by_label: BTreeMap::new(),
+        live_by_project: BTreeMap::new(),
         lost,
     };
     for node in &nodes {
@@ -288,6 +289,9 @@ pub fn summarise(nodes: Vec<NodeStatus>, lost: u64) -> ClusterStatus {
         }
         for (label, n) in &node.running_by_label {
             *status.running_by_label.entry(label.clone()).or_insert(0) += n;
+        }
+        for (project, usage) in &node.usage_by_project {
+            *status.live_by_project.entry(project.clone()).or_insert(0) += usage.sandboxes;
         }
     }
     status.nodes = nodes;

@@ -51,5 +51,8 @@ fn lines(status: &ClusterStatus) -> String {
     for (label, n) in &status.running_by_label {
         out.push(format!("  label {label}: {n} running"));
     }
+    for (project, n) in &status.live_by_project {
+        out.push(format!("  project {project}: {n} live"));
+    }
     out.join("\n")
 }
