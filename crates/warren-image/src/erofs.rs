@@ -15,7 +15,7 @@
 //! works unprivileged and on any copy of the file; the tests check it against
 //! FIEMAP of the mounted image.
 
-mod format;
+pub(crate) mod format;
 
 use std::ffi::OsString;
 use std::fs::File;

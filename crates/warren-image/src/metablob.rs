@@ -29,6 +29,8 @@ use std::os::unix::fs::FileExt;
 
 use sha2::{Digest, Sha256};
 
+use crate::erofs::format::le64;
+
 /// The granularity of the map: the page size, and the EROFS block size of
 /// every layer built here, so pages never split a block.
 pub const PAGE: u64 = 4096;
@@ -134,12 +136,6 @@ pub fn decode<'a>(
         at += n;
     }
     Ok(out)
-}
-
-fn le64(b: &[u8], at: usize) -> u64 {
-    let mut v = [0u8; 8];
-    v.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(v)
 }
 
 #[cfg(test)]

@@ -328,7 +328,8 @@ fn le32(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
-fn le64(b: &[u8], at: usize) -> u64 {
+/// The little-endian `u64` at `at` (the caller has checked the length).
+pub(crate) fn le64(b: &[u8], at: usize) -> u64 {
     let mut v = [0u8; 8];
     v.copy_from_slice(&b[at..at + 8]);
     u64::from_le_bytes(v)
