@@ -100,6 +100,19 @@ impl FunctionDriver {
         Arc::new(FunctionDriver { functions, running: Arc::default() })
     }
 
+    /// Runs `op` on each worker running one of the sandbox's execs; a
+    /// worker whose exec ended meanwhile is being destroyed and skipped.
+    fn on_running_workers(&self, handle: &SandboxHandle, op: impl Fn(&SandboxHandle) -> Result<()>) -> Result<()> {
+        let _ = Self::state(handle)?;
+        for worker in self.running.worker_handles(&handle.id) {
+            match op(&worker) {
+                Ok(()) | Err(BackendError::Gone) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     fn state(handle: &SandboxHandle) -> Result<FunctionState> {
         serde_json::from_value(handle.state.clone())
             .map_err(|e| BackendError::Protocol(format!("not a function sandbox's handle: {e}")))
@@ -247,26 +260,11 @@ impl Driver for FunctionDriver {
     /// Freezes the workers running the sandbox's execs; with none running
     /// there is nothing to stop and the pause is the state alone.
     fn pause(&self, handle: &SandboxHandle) -> Result<()> {
-        let _ = Self::state(handle)?;
-        for worker in self.running.worker_handles(&handle.id) {
-            match self.functions.container.pause(&worker) {
-                // A worker whose exec ended meanwhile is being destroyed.
-                Ok(()) | Err(BackendError::Gone) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+        self.on_running_workers(handle, |worker| self.functions.container.pause(worker))
     }
 
     fn resume(&self, handle: &SandboxHandle) -> Result<()> {
-        let _ = Self::state(handle)?;
-        for worker in self.running.worker_handles(&handle.id) {
-            match self.functions.container.resume(&worker) {
-                Ok(()) | Err(BackendError::Gone) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+        self.on_running_workers(handle, |worker| self.functions.container.resume(worker))
     }
 
     async fn probe(&self, handle: &SandboxHandle) -> Liveness {
