@@ -36,6 +36,10 @@ pub trait Contestant {
     }
 
     fn sustain(&mut self, clients: usize, window: Duration) -> Result<Measured<Sustained>>;
+    /// Whether idle sandboxes mean anything for this contender.
+    fn has_idle(&self) -> bool {
+        true
+    }
     fn idle(&mut self, plan: &Plan) -> Result<Measured<IdleMemory>>;
     /// Measures only this tool has (Warren's warm pool).
     fn extra(&mut self, _plan: &Plan) -> Result<()> {
@@ -59,7 +63,7 @@ pub fn run_all(plan: &Plan, all: &mut [&mut dyn Contestant]) -> Result<()> {
     exec(plan, all)?;
     crate::progress("sustained creations, in slices taken in turn");
     sustained(plan, all)?;
-    for c in all.iter_mut() {
+    for c in all.iter_mut().filter(|c| c.has_idle()) {
         crate::progress(&format!("{}: idle sandboxes", c.contender().name));
         let idle = outcome(c.idle(plan))?;
         c.contender().idle = idle;

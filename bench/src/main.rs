@@ -55,6 +55,8 @@ enum Which {
     Bwrap,
     Runc,
     Crun,
+    /// The same `true` started with no sandbox: the host's floor.
+    Floor,
 }
 
 #[derive(Debug, Parser)]
@@ -208,6 +210,8 @@ fn contend(args: &Args, plan: &Plan, workdir: &Path, rootfs: &Path) -> Result<Ve
         }
     }
 
+    let mut floor = args.runs(Which::Floor).then(|| peers::FloorContestant::new(rootfs));
+
     let mut all: Vec<&mut dyn contest::Contestant> = Vec::new();
     if let Some(w) = warren.as_mut() {
         all.push(w);
@@ -218,6 +222,9 @@ fn contend(args: &Args, plan: &Plan, workdir: &Path, rootfs: &Path) -> Result<Ve
     for (_, o) in oci.iter_mut() {
         all.push(o);
     }
+    if let Some(f) = floor.as_mut() {
+        all.push(f);
+    }
     contest::run_all(plan, &mut all)?;
 
     let mut ordered: Vec<(usize, Contender)> = failed;
@@ -225,6 +232,7 @@ fn contend(args: &Args, plan: &Plan, workdir: &Path, rootfs: &Path) -> Result<Ve
     ordered.extend(bwrap.map(|mut b| (1, std::mem::replace(b.contender(), Contender::new("", "")))));
     ordered
         .extend(oci.into_iter().map(|(slot, mut o)| (slot, std::mem::replace(o.contender(), Contender::new("", "")))));
+    ordered.extend(floor.map(|mut f| (4, std::mem::replace(f.contender(), Contender::new("", "")))));
     ordered.sort_by_key(|(slot, _)| *slot);
     Ok(ordered.into_iter().map(|(_, c)| c).collect())
 }

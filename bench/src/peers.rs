@@ -192,6 +192,69 @@ impl Contestant for BwrapContestant {
     }
 }
 
+// ---- the floor: no sandbox at all ---------------------------------------------------
+
+/// The same `true` of the rootfs, started by this process with no isolation
+/// at all: what one process start costs on this host. No sandbox's exec
+/// can be faster, so it is the floor under every exec and cold figure (on a
+/// host where CPUID traps, glibc's start-up probes alone take a good part
+/// of a millisecond).
+pub struct FloorContestant {
+    true_bin: PathBuf,
+    c: Contender,
+}
+
+impl FloorContestant {
+    pub fn new(rootfs: &Path) -> Self {
+        let true_bin = rootfs.join("bin/true");
+        let mut c = Contender::new(crate::report::FLOOR, "fork + exec");
+        let command = cmd::describe(&Command::new(&true_bin));
+        c.commands.push(("cold and exec".into(), format!("{command}  # started by the bench itself, no isolation")));
+        c.commands.push(("sustained".into(), "each client: the same, again and again".into()));
+        c.idle = Outcome::skipped("a process is not a sandbox: nothing to compare");
+        FloorContestant { true_bin, c }
+    }
+
+    fn spawn(&self) -> Result<Duration> {
+        cmd::run_timed(&mut Command::new(&self.true_bin))
+    }
+}
+
+impl Contestant for FloorContestant {
+    fn contender(&mut self) -> &mut Contender {
+        &mut self.c
+    }
+
+    fn cold_routes(&self) -> Vec<String> {
+        vec!["true".into()]
+    }
+
+    fn cold(&mut self, _: usize) -> Result<Duration> {
+        self.spawn()
+    }
+
+    fn exec_start(&mut self) -> Result<bool> {
+        Ok(true)
+    }
+
+    fn exec(&mut self) -> Result<Duration> {
+        self.spawn()
+    }
+
+    fn sustain(&mut self, clients: usize, window: Duration) -> Result<Measured<Sustained>> {
+        let floor = &*self;
+        harness::sustained(clients, window, || Ok(()), |_| floor.spawn())
+    }
+
+    fn has_idle(&self) -> bool {
+        false
+    }
+
+    fn idle(&mut self, _: &Plan) -> Result<Measured<IdleMemory>> {
+        Err(BenchError::Unexpected { op: "idle".into(), detail: "not measured for the floor".into() })
+    }
+}
+
 // ---- runc and crun ------------------------------------------------------------------
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

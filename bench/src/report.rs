@@ -27,6 +27,8 @@ const TARGET_WARM_P50: Duration = Duration::from_millis(2);
 const TARGET_EXEC_P50: Duration = Duration::from_millis(1);
 const TARGET_RATE: f64 = 300.0;
 const TARGET_IDLE_BYTES: f64 = 1024.0 * 1024.0;
+/// The name of the contender that starts the same `true` with no sandbox.
+pub const FLOOR: &str = "no sandbox";
 
 pub fn render(run: &Run<'_>) -> String {
     let mut out = String::new();
@@ -95,6 +97,11 @@ fn warren<'a>(run: &'a Run<'_>) -> Option<&'a Contender> {
     run.contenders.iter().find(|c| c.name == "Warren")
 }
 
+/// The contender that starts the same `true` with no sandbox.
+fn floor<'a>(run: &'a Run<'_>) -> Option<&'a Contender> {
+    peer(run, FLOOR)
+}
+
 fn peer<'a>(run: &'a Run<'_>, name: &str) -> Option<&'a Contender> {
     run.contenders.iter().find(|c| c.name == name)
 }
@@ -156,10 +163,12 @@ fn targets(out: &mut String, run: &Run<'_>) {
         verdict(exec_p50.map(|d| d <= TARGET_EXEC_P50)),
         match (w, exec) {
             (Some(c), Some(m)) => format!(
-                "server CPU per exec {}; host CPU per exec {}; load {:.1} at start",
+                "server CPU per exec {}; host CPU per exec {}; load {:.1} at start; the same `true` with no sandbox \
+                 (the floor): {}",
                 stats::opt_ms(c.server_cpu_per("exec")),
                 stats::opt_ms(m.cpu.per_op(m.value.len())),
-                m.cpu.load_at_start
+                m.cpu.load_at_start,
+                stats::opt_ms(floor(run).and_then(|f| lat(&f.exec)?.p50()))
             ),
             _ => String::new(),
         }

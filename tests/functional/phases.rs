@@ -290,7 +290,7 @@ async fn a_killed_phase_leader_is_replaced_and_the_phase_still_holds() {
     // The leader shares the phase's domain, so the phase may kill it; it
     // only costs its own sandbox a new leader with the same rules.
     let find = "for p in /proc/[0-9]*; do \
-                [ \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" = 'warren-init phase-leader ' ] && echo ${p#/proc/}; done; true";
+                [ \"$(cat $p/comm 2>/dev/null)\" = phase-leader ] && echo ${p#/proc/}; done; true";
     // Several times: the exec that kills its leader at once must itself
     // run and report, since PID 1 learns its pid before it can run.
     let mut leader = server.sh_ok(&sb.id, find).await.trim().to_string();

@@ -6,14 +6,23 @@
 //! in its own domain or in domains nested below it. Every `landlock_restrict_self`
 //! makes a new domain, so if each exec restricted itself, a background job
 //! started by one exec could not be killed by the next. Instead, PID 1
-//! starts a leader per phase (this very binary, exec'd through init's own
-//! descriptor, never a binary of the image), which restricts itself once
+//! starts a leader per phase (a fork of PID 1, never a binary of the
+//! image), which restricts itself once
 //! and then creates each exec's process with `clone(CLONE_PARENT)`: the
 //! process is PID 1's child exactly as if PID 1 had forked it (PID 1's
 //! reaper, tree kills and session ids work unchanged), but it is born in
 //! the phase's domain. PID 1 itself stays outside every domain, so it can
 //! start a later phase with looser rules, and the sandbox's processes
 //! cannot signal it.
+//!
+//! A leader is a `fork` of PID 1 that never execs (its command name is
+//! [`LEADER_COMM`]): a second `execve` of this static binary would pay
+//! glibc's start-up again (its CPU feature and cache probes issue CPUID,
+//! which traps on virtualised hosts: about 0.6 ms here), and a fork shares
+//! PID 1's pages until either writes them. PID 1 has other threads by
+//! then (the seccomp supervisor, the reaper), so the child only uses what
+//! no other thread can hold locked: glibc's allocator (its `fork` resets
+//! the allocator's locks in the child), its own descriptors and memory.
 //!
 //! Wire, on a stream socketpair (PID 1's end, the leader's fd 3): each
 //! message is a big-endian `u32` length and a JSON body. PID 1 first sends
@@ -40,8 +49,6 @@ use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use rustix::net::{
@@ -54,16 +61,15 @@ use warren_init::proto::{PathAccess, PhaseRules};
 use crate::reaper::{ExitWaiter, Registry};
 use crate::sys;
 
-/// `argv[1]` that selects leader mode.
-pub const LEADER_ARG: &str = "phase-leader";
-/// Set once by a microVM's init before any leader starts (see
-/// [`LANDLOCK_OPTIONAL_ENV`]); never by a container's.
+/// A leader's command name (`/proc/<pid>/comm`), so it can be told from
+/// PID 1, whose memory and command line it shares.
+pub const LEADER_COMM: &str = "phase-leader";
+/// Set once by a microVM's init before any leader starts; never by a
+/// container's. Tells a leader that a phase without protected paths may
+/// run without a Landlock domain when the kernel lacks the required ABI: a
+/// microVM's guest kernel (Debian 6.1) predates it, and the VM itself is
+/// the sandbox's boundary. A phase *with* protected paths is still refused.
 pub static LANDLOCK_OPTIONAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-/// Tells a leader that a phase without protected paths may run without a
-/// Landlock domain when the kernel lacks the required ABI: a microVM's
-/// guest kernel (Debian 6.1) predates it, and the VM itself is the
-/// sandbox's boundary. A phase *with* protected paths is still refused.
-const LANDLOCK_OPTIONAL_ENV: &str = "WARREN_LANDLOCK_OPTIONAL";
 /// In the leader: its end of the channel to PID 1.
 const CHANNEL_FD: RawFd = 3;
 /// In the leader: init's own binary (sessions exec it in report-state mode).
@@ -169,25 +175,32 @@ impl Leader {
     /// Starts a leader for `rules` and waits until it enforces them.
     pub fn start(registry: &Registry, self_exe: BorrowedFd<'_>, rules: &PhaseRules) -> Result<Leader, StartError> {
         let (channel, theirs) = UnixStream::pair()?;
-        let mut command = Command::new(format!("/proc/self/fd/{EXE_FD}"));
-        command
-            .arg0("warren-init")
-            .arg(LEADER_ARG)
-            .env_clear()
-            .envs(LANDLOCK_OPTIONAL.load(std::sync::atomic::Ordering::Relaxed).then_some((LANDLOCK_OPTIONAL_ENV, "1")))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let fds = (theirs.as_raw_fd(), self_exe.as_raw_fd());
-        // SAFETY: runs between fork and exec in the child of a
-        // multi-threaded process: only async-signal-safe system calls on
-        // integers, no allocation.
-        unsafe { command.pre_exec(move || prepare_leader(fds)) };
+        let null = rustix::fs::open(
+            "/dev/null",
+            rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(io::Error::from)?;
+        let fds = ChildFds { null: null.as_raw_fd(), channel: theirs.as_raw_fd(), exe: self_exe.as_raw_fd() };
+        let landlock_optional = LANDLOCK_OPTIONAL.load(std::sync::atomic::Ordering::Relaxed);
         let (pid, exit) = registry.spawn_registered(|| {
-            let child = command.spawn()?;
-            Ok::<_, io::Error>((child.id() as i32, child.id() as i32))
+            // SAFETY: PID 1 has other threads (the seccomp supervisor, the
+            // reaper). The child takes no lock they could hold: it moves its
+            // descriptors with raw calls, then runs `leader_main`, which
+            // allocates (glibc's `fork` leaves the allocator usable in the
+            // child) and uses only its own descriptors and memory.
+            match unsafe { sys::fork() }? {
+                sys::Forked::Child => {
+                    if prepare_leader(&fds).is_err() {
+                        sys::exit_now(1)
+                    }
+                    leader_main(landlock_optional)
+                }
+                sys::Forked::Parent { child } => Ok::<_, io::Error>((child, child)),
+            }
         })?;
         drop(theirs);
+        drop(null);
         let mut leader = Leader { pid, channel, lost: false, _exit: exit };
         let started = leader.handshake(rules);
         if started.is_err() {
@@ -260,23 +273,38 @@ impl Leader {
     }
 }
 
-/// In the leader's child, before exec: its own session (the leader is part
-/// of no exec's tree), the channel at [`CHANNEL_FD`] and init's binary at
-/// [`EXE_FD`], every other descriptor above 2 closed on exec, default
-/// signal dispositions.
-fn prepare_leader((channel, exe): (RawFd, RawFd)) -> io::Result<()> {
+/// PID 1's descriptors a new leader keeps.
+struct ChildFds {
+    null: RawFd,
+    channel: RawFd,
+    exe: RawFd,
+}
+
+/// First thing in the forked leader: its own session (the leader is part
+/// of no exec's tree) and command name, `/dev/null` as 0-2, the channel at
+/// [`CHANNEL_FD`] and init's binary at [`EXE_FD`], every other descriptor
+/// of PID 1 closed (its listener, its connections, the seccomp listener),
+/// default signal dispositions and an empty signal mask.
+fn prepare_leader(fds: &ChildFds) -> io::Result<()> {
     let check = |rc: libc::c_int| if rc == -1 { Err(io::Error::last_os_error()) } else { Ok(()) };
-    // SAFETY: async-signal-safe system calls on integers in a
-    // single-threaded child about to exec. `channel` and `exe` are both
-    // above EXE_FD (fds 3 and 4 of PID 1 are the retired setup socket's
-    // placeholder and the listener), so the dup2s cannot clobber each other.
+    // SAFETY: raw system calls on integers and on a valid, empty signal
+    // set in the forked child. `channel` and `exe` are both above EXE_FD
+    // (fds 3 and 4 of PID 1 are the retired setup socket's placeholder
+    // and the listener), so the dup2s cannot clobber each other.
     unsafe {
         sys::reset_signal_dispositions();
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        check(libc::sigemptyset(&mut none))?;
+        check(libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()))?;
         check(libc::setsid())?;
-        check(libc::dup2(channel, CHANNEL_FD))?;
-        check(libc::dup2(exe, EXE_FD))?;
-        check(libc::close_range((EXE_FD + 1) as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC as i32))
+        for target in 0..=2 {
+            check(libc::dup2(fds.null, target))?;
+        }
+        check(libc::dup2(fds.channel, CHANNEL_FD))?;
+        check(libc::dup2(fds.exe, EXE_FD))?;
+        check(libc::close_range((EXE_FD + 1) as libc::c_uint, libc::c_uint::MAX, 0))?;
     }
+    rustix::thread::set_name(&CString::new(LEADER_COMM).map_err(io::Error::other)?).map_err(io::Error::from)
 }
 
 // ---- wire --------------------------------------------------------------
@@ -351,9 +379,9 @@ fn read_message_with_fds<T: for<'de> Deserialize<'de>>(
 
 // ---- the leader process ------------------------------------------------
 
-/// Leader mode: enforce the phase's ruleset, then start processes for PID 1
-/// until it closes the channel.
-pub fn leader_main() -> ! {
+/// The forked leader: enforce the phase's ruleset, then start processes
+/// for PID 1 until it closes the channel.
+fn leader_main(landlock_optional: bool) -> ! {
     // Before anything else: the sandbox's root must not open this
     // process's descriptors (the channel) through /proc. Until this call
     // the leader is dumpable, but it is also in no Landlock domain yet, and
@@ -372,7 +400,7 @@ pub fn leader_main() -> ! {
         }
     }
     let answer = match read_message::<PhaseRules>(&mut channel) {
-        Ok(rules) => match enforce(&rules, exe.as_fd()) {
+        Ok(rules) => match enforce(&rules, exe.as_fd(), landlock_optional) {
             Ok(()) => LeaderSays::Ready,
             Err((message, rejected)) => LeaderSays::Failed { message, rejected },
         },
@@ -388,8 +416,8 @@ pub fn leader_main() -> ! {
 /// Builds the phase's ruleset and restricts this process (and so every
 /// process it starts) to it. On failure: why, and whether the rules
 /// themselves are at fault.
-fn enforce(rules: &PhaseRules, exe: BorrowedFd<'_>) -> Result<(), (String, bool)> {
-    if rules.protected_paths.is_empty() && std::env::var_os(LANDLOCK_OPTIONAL_ENV).is_some() && !ruleset::supported() {
+fn enforce(rules: &PhaseRules, exe: BorrowedFd<'_>, landlock_optional: bool) -> Result<(), (String, bool)> {
+    if rules.protected_paths.is_empty() && landlock_optional && !ruleset::supported() {
         return Ok(());
     }
     let fail = |e: ruleset::LandlockError| {

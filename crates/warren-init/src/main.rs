@@ -36,9 +36,6 @@ fn main() {
         if mode == session::REPORT_STATE_ARG {
             session::report_state_main(args)
         }
-        if mode == leader::LEADER_ARG {
-            leader::leader_main()
-        }
         if mode == vm::SERVICE_ARG {
             vm::service_main()
         }

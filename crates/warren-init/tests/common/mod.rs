@@ -271,9 +271,10 @@ impl Sandbox {
     }
 }
 
-/// Whether the process at `/proc/<pid>` (`dir`) is a phase leader.
+/// Whether the process at `/proc/<pid>` (`dir`) is a phase leader (a fork
+/// of PID 1 named `phase-leader`).
 fn is_leader(dir: &str) -> bool {
-    std::fs::read(format!("{dir}/cmdline")).is_ok_and(|c| c == b"warren-init\0phase-leader\0")
+    std::fs::read(format!("{dir}/comm")).is_ok_and(|c| c == b"phase-leader\n")
 }
 
 pub fn spec(argv: &[&str]) -> ExecSpec {
