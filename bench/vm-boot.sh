@@ -3,8 +3,8 @@
 # image's systemd as PID 1, warren-init as its service) beside a microVM
 # (`backend: "microvm"`: QEMU -M microvm, warren-init as PID 1) on the same
 # image, kernel and guest size, over Warren's HTTP API; beside them a
-# microVM restored from a snapshot (a second server with `--vm-snapshots
-# on`) and a bare QEMU -M microvm boot of the same kernel and initramfs to
+# microVM and a full VM restored from a snapshot (a second server with
+# `--vm-snapshots on`) and a bare QEMU -M microvm boot of the same kernel and initramfs to
 # a trivial init (`warren.probe`: init powers the VM off as soon as it
 # runs; QEMU start to exit), and writes bench/results/<YYYY-MM-DD>-vm-boot.md.
 #
@@ -86,12 +86,14 @@ SNAP_URL=$(server_url "$SNAP_SERVER" "$SNAP_DATA")
 
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
-# Prints "<label> <create ms> <first exec ms> <boot>". Label `snapshot` is
-# a microVM create on the server with snapshots on.
+# Prints "<label> <create ms> <first exec ms> <boot>". Labels `snapshot`
+# and `vmsnapshot` are a microVM and a full-VM create on the server with
+# snapshots on.
 sample() {
     label=$1
     backend=$label url=$URL log=$DATA.log
     if [ "$label" = snapshot ]; then backend=microvm url=$SNAP_URL log=$SNAP_DATA.log; fi
+    if [ "$label" = vmsnapshot ]; then backend=vm url=$SNAP_URL log=$SNAP_DATA.log; fi
     t0=$(now_ms)
     info=$(curl -sf "$url/v1/sandboxes" \
         -d "{\"image\": \"systemd\", \"backend\": \"$backend\", \"memory_mib\": $MEMORY_MIB, \"cpus\": 1, \"disk_mib\": 256}") || {
@@ -128,19 +130,21 @@ echo "vm-boot.sh: warm-up (initramfs and layer disk per driver; the snapshot)" >
 sample microvm >/dev/null
 sample vm >/dev/null
 # The first create of the shape boots and starts the snapshot's build.
-i=0
-until [ "$(sample snapshot | cut -d' ' -f4)" = snapshot ]; do
-    i=$((i + 1))
-    [ $i -lt 60 ] || { echo "vm-boot.sh: no snapshot restore after 60 creates" >&2; tail -n 20 "$SNAP_DATA.log" >&2; exit 1; }
-    sleep 2
+for label in snapshot vmsnapshot; do
+    i=0
+    until [ "$(sample $label | cut -d' ' -f4)" = snapshot ]; do
+        i=$((i + 1))
+        [ $i -lt 60 ] || { echo "vm-boot.sh: no $label restore after 60 creates" >&2; tail -n 20 "$SNAP_DATA.log" >&2; exit 1; }
+        sleep 2
+    done
 done
 : >"$SAMPLES_FILE"
 n=1
 while [ $n -le "$SAMPLES" ]; do
-    for label in microvm vm snapshot bare; do
+    for label in microvm vm snapshot vmsnapshot bare; do
         if [ "$label" = bare ]; then s=$(bare); else s=$(sample "$label"); fi
         echo "vm-boot.sh: sample $n: $s" >&2
-        if [ "$label" = snapshot ] && [ "$(echo "$s" | cut -d' ' -f4)" != snapshot ]; then
+        if [ "${label%snapshot}" != "$label" ] && [ "$(echo "$s" | cut -d' ' -f4)" != snapshot ]; then
             echo "vm-boot.sh: a create on the snapshot server booted cold" >&2
             exit 1
         fi
@@ -157,7 +161,7 @@ stats() {
 }
 
 {
-    echo "# VM boot to first exec: full VM, microVM cold and from a snapshot, bare QEMU ($(date -u +%Y-%m-%d))"
+    echo "# VM boot to first exec: full VM and microVM cold and from a snapshot, bare QEMU ($(date -u +%Y-%m-%d))"
     echo
     echo "- machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)," \
         "$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo), host kernel $(uname -r)"
@@ -175,13 +179,17 @@ stats() {
         echo "| \`$backend\` | $(stats $backend create) | $(stats $backend exec) | $(stats $backend total) |"
     done
     echo "| \`microvm\` restored from a snapshot (\`--vm-snapshots on\`) | $(stats snapshot create) | $(stats snapshot exec) | $(stats snapshot total) |"
+    echo "| \`vm\` restored from a snapshot (\`--vm-snapshots on\`) | $(stats vmsnapshot create) | $(stats vmsnapshot exec) | $(stats vmsnapshot total) |"
     echo "| bare \`qemu -M microvm\`, same kernel and initramfs, init powers off at once (QEMU start to exit) | $(stats bare create) | - | $(stats bare total) |"
     echo
     cold=$(stats microvm total | cut -d' ' -f1)
     snap=$(stats snapshot total | cut -d' ' -f1)
     bare=$(stats bare total | cut -d' ' -f1)
+    vmcold=$(stats vm total | cut -d' ' -f1)
+    vmsnap=$(stats vmsnapshot total | cut -d' ' -f1)
     echo "Medians: snapshot restore to first exec / cold boot to first exec =" \
-        "$(awk -v s="$snap" -v c="$cold" 'BEGIN { printf "%.2f", s / c }')x (target <= 0.2x);" \
+        "$(awk -v s="$snap" -v c="$cold" 'BEGIN { printf "%.2f", s / c }')x (target <= 0.2x)," \
+        "full VM $(awk -v s="$vmsnap" -v c="$vmcold" 'BEGIN { printf "%.2f", s / c }')x;" \
         "cold boot to first exec / bare boot = $(awk -v c="$cold" -v b="$bare" 'BEGIN { printf "%.2f", c / b }')x."
     echo
     echo "What the full VM adds: SeaBIOS and the q35 machine's devices, then"

@@ -251,6 +251,14 @@ def main() -> int:
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--delay", default="1ms")
     ap.add_argument("--chunk-size-bytes", type=int, help="chunk size of the imported layers (server default 1 MiB)")
+    ap.add_argument("--piece-size-bytes", type=int,
+                    help="piece size of the imported layers (server default 16 KiB; 0 = whole chunks only)")
+    ap.add_argument("--readahead-kb", type=int,
+                    help="readahead of the nodes' layer mounts (server default 16; 0 = the kernel's 128)")
+    ap.add_argument("--fetched-only", action="store_true",
+                    help="only the cold runs and their fetched bytes (no warm/hot/plain/eager timings)")
+    ap.add_argument("--no-plain", action="store_true",
+                    help="skip the plain-directory comparison (it needs ~2.2 GB more disk)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     for layer in ("base", "toolkit", "workspace"):
@@ -267,6 +275,10 @@ def main() -> int:
         s3 = S3Server(link, work / "s3")
         cleanup.insert(0, s3.close)
         chunk_args = ("--chunk-size-bytes", str(args.chunk_size_bytes)) if args.chunk_size_bytes else ()
+        if args.piece_size_bytes is not None:
+            chunk_args += ("--piece-size-bytes", str(args.piece_size_bytes))
+        node_args = ("--layer-readahead-kb", str(args.readahead_kb)) if args.readahead_kb is not None else ()
+        notes["load_start"] = os.getloadavg()
         importer = Node(work, "import", s3, chunk_args)
         cleanup.insert(0, importer.close)
         t0 = time.monotonic()
@@ -280,36 +292,51 @@ def main() -> int:
         image_bytes = sum(layer["size_bytes"] for layer in detail["layers"])
         notes["layers"] = [(layer["id"], layer["size_bytes"]) for layer in detail["layers"]]
         notes["image_bytes"] = image_bytes
+        # Every node reads the layer manifests once (piece digests make them
+        # bigger); they are not in the per-layer fetched counters.
+        notes["manifest_bytes"] = sum(f.stat().st_size for f in (work / "s3" / BUCKET / "layers").rglob("*.json"))
 
         # Plain local directories: the three trees merged into one directory image.
-        merged = work / "merged"
-        merged.mkdir()
-        for layer in ("base", "toolkit", "workspace"):
-            run("cp", "-a", "--reflink=auto", f"{(LAYERS / layer).resolve()}/.", str(merged) + "/")
-        importer.call("POST", "/v1/images", {"name": "lb-dir", "dir": str(merged)})
-        shutil.rmtree(merged)
+        if not (args.fetched_only or args.no_plain):
+            merged = work / "merged"
+            merged.mkdir()
+            for layer in ("base", "toolkit", "workspace"):
+                run("cp", "-a", "--reflink=auto", f"{(LAYERS / layer).resolve()}/.", str(merged) + "/")
+            importer.call("POST", "/v1/images", {"name": "lb-dir", "dir": str(merged)})
+            shutil.rmtree(merged)
 
         for label, workload in WORKLOADS:
-            node = Node(work, f"cold-{len(rows)}", s3)
+            node = Node(work, f"cold-{len(rows)}", s3, node_args)
             try:
                 drop_page_cache()
                 cold = start_run(node, "lb", workload)
                 fetched, prefill = layer_fetched(node)
-                drop_page_cache()
-                warm = start_run(node, "lb", workload)
-                hot = start_run(node, "lb", workload)
+                store = node.call("GET", "/v1/images/stats").get("store", {})
+                if args.fetched_only:
+                    warm = hot = cold
+                else:
+                    drop_page_cache()
+                    warm = start_run(node, "lb", workload)
+                    hot = start_run(node, "lb", workload)
             finally:
                 node.close()
-            drop_page_cache()
-            plain_warm = start_run(importer, "lb-dir", workload)
-            plain_hot = start_run(importer, "lb-dir", workload)
+            if args.fetched_only or args.no_plain:
+                plain_warm = plain_hot = None
+            else:
+                drop_page_cache()
+                plain_warm = start_run(importer, "lb-dir", workload)
+                plain_hot = start_run(importer, "lb-dir", workload)
             rows.append({"workload": label, "cold": cold, "warm": warm, "hot": hot, "fetched": fetched,
-                         "prefill": prefill,
+                         "prefill": prefill, "store": store,
                          "plain_warm": plain_warm, "plain_hot": plain_hot})
             print(f"{label}: cold {cold['secs']:.2f}s warm {warm['secs']:.2f}s hot {hot['secs']:.2f}s "
                   f"fetched {fetched / image_bytes:.1%}", flush=True)
-        drop_page_cache()
-        notes["eager_fetch_secs"], notes["eager_bytes"] = eager_fetch_secs(s3)
+        if args.fetched_only:
+            notes["eager_fetch_secs"], notes["eager_bytes"] = float("nan"), 0
+        else:
+            drop_page_cache()
+            notes["eager_fetch_secs"], notes["eager_bytes"] = eager_fetch_secs(s3)
+        notes["load_end"] = os.getloadavg()
     finally:
         for close in cleanup:
             try:
@@ -334,6 +361,10 @@ def prefill_text(prefill: dict) -> str:
     return " + ".join(parts) or "none"
 
 
+def fmt_load(load) -> str:
+    return " ".join(f"{x:.1f}" for x in load)
+
+
 def render(args, rows, notes) -> str:
     image_bytes = notes["image_bytes"]
     eager = notes["eager_fetch_secs"]
@@ -347,8 +378,17 @@ def render(args, rows, notes) -> str:
         f"- warren: {version} ({warren_binary()})",
         f"- command: `bench/lazy/run.sh{' --release' if 'release' in str(warren_binary()) else ''}"
         f" --rate {args.rate} --delay {args.delay}"
-        + (f" --chunk-size-bytes {args.chunk_size_bytes}`" if args.chunk_size_bytes else "`"),
-        f"- chunk size: {args.chunk_size_bytes or 1 << 20} bytes",
+        + (f" --chunk-size-bytes {args.chunk_size_bytes}" if args.chunk_size_bytes else "")
+        + (f" --piece-size-bytes {args.piece_size_bytes}" if args.piece_size_bytes is not None else "")
+        + (f" --readahead-kb {args.readahead_kb}" if args.readahead_kb is not None else "")
+        + (" --fetched-only" if args.fetched_only else "")
+        + (" --no-plain" if args.no_plain else "") + "`",
+        f"- chunk size: {args.chunk_size_bytes or 1 << 20} bytes; piece size: "
+        + ("none (whole chunks)" if args.piece_size_bytes == 0 else f"{args.piece_size_bytes or 16 << 10} bytes")
+        + "; layer mount readahead: "
+        + ("kernel default (128 KiB)" if args.readahead_kb == 0 else f"{16 if args.readahead_kb is None else args.readahead_kb} KiB"),
+        f"- load average (1, 5, 15 min) at start {fmt_load(notes['load_start'])}, at end {fmt_load(notes['load_end'])}",
+        f"- layer manifests (each node reads them once; not in the fetched column): {notes['manifest_bytes'] / 1e6:.2f} MB",
         f"- image: {image_bytes / 1e9:.2f} GB in EROFS layers: "
         + ", ".join(f"{name} {size / 1e6:.0f} MB" for name, size in notes["layers"]),
         f"- import (build EROFS + upload over the link): {notes['import_secs']:.1f} s",
@@ -356,8 +396,8 @@ def render(args, rows, notes) -> str:
         "",
         "Times are create + exec as the API client sees them, one run each.",
         "",
-        "| workload | fetched (of image) | metadata prefill | sandbox fetched / accessed / hits | cold | warm-node | hot | eager (fetch + warm) | cold / eager | plain dirs warm | warm / plain | plain dirs hot |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | fetched (of image) | metadata prefill | sandbox fetched / accessed / hits | store GETs (chunks / ranged) | cold | warm-node | hot | eager (fetch + warm) | cold / eager | plain dirs warm | warm / plain | plain dirs hot |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         eager_total = eager + r["warm"]["secs"]
@@ -366,10 +406,11 @@ def render(args, rows, notes) -> str:
             f"| {r['workload']} | {r['fetched'] / 1e6:.0f} MB ({r['fetched'] / image_bytes:.1%}) "
             f"| {prefill_text(r['prefill'])} "
             f"| {sb['bytes_fetched'] / 1e6:.0f} MB / {sb['bytes_accessed'] / 1e6:.0f} MB / {sb['cache_hits']} "
+            f"| {r['store'].get('chunks_fetched', '?')} / {r['store'].get('range_requests', '-')} "
             f"| {r['cold']['secs']:.2f} s | {r['warm']['secs']:.2f} s | {r['hot']['secs']:.2f} s "
             f"| {eager_total:.2f} s | {r['cold']['secs'] / eager_total:.2f} "
-            f"| {r['plain_warm']['secs']:.2f} s | {r['warm']['secs'] / r['plain_warm']['secs']:.2f} "
-            f"| {r['plain_hot']['secs']:.2f} s |"
+            + (f"| {r['plain_warm']['secs']:.2f} s | {r['warm']['secs'] / r['plain_warm']['secs']:.2f} "
+               f"| {r['plain_hot']['secs']:.2f} s |" if r["plain_warm"] else "| - | - | - |")
         )
     lines += [
         "",

@@ -5,6 +5,7 @@
 # and writes bench/results/<date>-lazy-<rate>.md.
 #
 # Usage (root): bench/lazy/run.sh [--release] [--rate 1gbit] [--delay 1ms] [--chunk-size-bytes N]
+#                                 [--piece-size-bytes N] [--readahead-kb N] [--fetched-only]
 set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -13,14 +14,19 @@ ROOT=$(cd "$HERE/../.." && pwd)
 rate=1gbit
 delay=1ms
 chunk=
+extra=
+tag=
 profile=debug
 while [ $# -gt 0 ]; do
     case $1 in
         --rate) rate=$2; shift 2 ;;
         --delay) delay=$2; shift 2 ;;
         --chunk-size-bytes) chunk=$2; shift 2 ;;
+        --piece-size-bytes) extra="$extra --piece-size-bytes $2"; tag="$tag-piece$2"; shift 2 ;;
+        --readahead-kb) extra="$extra --readahead-kb $2"; tag="$tag-ra$2"; shift 2 ;;
+        --fetched-only) extra="$extra --fetched-only"; tag="$tag-fetched"; shift ;;
         --release) profile=release; shift ;;
-        *) echo "usage: $0 [--release] [--rate R] [--delay D] [--chunk-size-bytes N]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--release] [--rate R] [--delay D] [--chunk-size-bytes N] [--piece-size-bytes N] [--readahead-kb N] [--fetched-only]" >&2; exit 2 ;;
     esac
 done
 
@@ -33,6 +39,7 @@ fi
 export WARREN_BIN="${WARREN_BIN:-$ROOT/target/$profile/warren}"
 [ -x target/tools/bin/s3s-fs ] || crates/warren-image/scripts/s3-server.sh install
 "$HERE/build-image.sh"
-out="bench/results/$(date -u +%Y-%m-%d)-lazy-$rate${chunk:+-chunk$chunk}.md"
-python3 "$HERE/lazy_bench.py" --rate "$rate" --delay "$delay" ${chunk:+--chunk-size-bytes "$chunk"} --out "$out"
+out="bench/results/$(date -u +%Y-%m-%d)-lazy-$rate${chunk:+-chunk$chunk}$tag.md"
+# shellcheck disable=SC2086 # $extra is a list of flags
+python3 "$HERE/lazy_bench.py" --rate "$rate" --delay "$delay" ${chunk:+--chunk-size-bytes "$chunk"} $extra --out "$out"
 echo "written: $out"

@@ -187,6 +187,14 @@ impl Client {
         self.call("health", self.req(Method::GET, "/v1/health"))
     }
 
+    /// `GET /v1/stats` `landlock_events`: whether the server (with its
+    /// default `--landlock-audit`) made itself the host's audit daemon for
+    /// the run, which puts audit's cost on the host.
+    pub fn landlock_events(&self) -> Result<warren_api::LandlockEvents> {
+        let stats: warren_api::NodeStats = self.call("stats", self.req(Method::GET, "/v1/stats"))?;
+        Ok(stats.landlock_events)
+    }
+
     pub fn import_dir(&self, name: &str, dir: &Path) -> Result<()> {
         let body = serde_json::json!({"name": name, "dir": dir});
         self.call::<serde_json::Value>("import image", self.req(Method::POST, "/v1/images").json(&body)).map(|_| ())
@@ -457,6 +465,10 @@ impl WarrenContestant {
         c.commands.push(("server".into(), server.command.clone()));
         let client = Client::new(&server.url)?;
         client.health()?;
+        let landlock = client.landlock_events()?;
+        let audit = if landlock.available { "on" } else { "off" };
+        c.commands
+            .push(("landlock events (default `--landlock-audit`)".into(), format!("{audit}: {}", landlock.detail)));
         client.import_dir(IMAGE, setup.rootfs)?;
         Ok(WarrenContestant {
             client,

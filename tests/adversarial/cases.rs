@@ -349,14 +349,6 @@ sleep 0.2; echo survived"#,
             }),
         ),
         Case::new(
-            "udp_and_ipv6_egress",
-            format!(
-                "{probe} udp 198.51.100.7 53\n{probe} udp 203.0.113.9 123\n{probe} udp 2001:db8::53 53\n\
-                 {probe} connect 2001:db8::80 80 443\n{probe} connect 203.0.113.9 443"
-            ),
-            expect().check(nothing_reachable).lacks("sendto 29 OK"),
-        ),
-        Case::new(
             "dns_to_a_foreign_resolver",
             format!(
                 r#"nslookup example.com 198.51.100.53 2>&1 | grep -E '^(Name|Address [0-9])' 
@@ -523,6 +515,31 @@ fn cwd_stays_inside(o: &Outcome) -> Result<(), String> {
 pub fn own() -> Vec<Case> {
     let probe = "{probe}";
     vec![
+        // UDP and IPv6 around a TCP rule, from an `allowlist` sandbox whose
+        // IPv6 default route works: every refusal is the egress policy's
+        // EPERM, not a missing route. (Documentation prefixes only.)
+        Case::new(
+            "udp_and_ipv6_egress",
+            format!(
+                "ip -6 route show default\n{probe} udp 2001:db8::53 53\n{probe} udp 203.0.113.9 443\n\
+                 {probe} connect 2001:db8::53 80 443\n{probe} connect 2001:db8::80 53\n\
+                 {probe} connect 203.0.113.9 80\necho done"
+            ),
+            expect().has("done").has("default via").check(|o| {
+                nothing_reachable(o)?;
+                let attempts: Vec<&str> =
+                    o.stdout.lines().filter(|l| l.starts_with("sendto ") || l.starts_with("tcp:")).collect();
+                match attempts.len() == 6 && attempts.iter().all(|l| l.ends_with(" EPERM")) {
+                    true => Ok(()),
+                    false => Err(format!("want 6 policy refusals (EPERM): {attempts:?}")),
+                }
+            }),
+        )
+        .own(json!({"network": "allowlist", "network_policy": {"rules": [
+            {"cidr": "2001:db8::53/128", "ports": [53], "protocol": "tcp"},
+            {"cidr": "203.0.113.9/32", "ports": [443], "protocol": "tcp"},
+        ]}}))
+        .timeout(60.0),
         Case::new(
             "dsec_overwriting_bin_sh_and_bin_bash",
             r#"printf '#!/bin/busybox sh\necho ran >> /tmp/hijacked\nexec /bin/busybox sh "$@"\n' > /tmp/impostor

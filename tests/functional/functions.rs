@@ -309,3 +309,209 @@ async fn the_pool_grows_with_demand_and_shrinks_back_within_its_bounds() {
     wait_pool(&server, "the pool shrinking back to min after quiet windows", |p| p.idle == 1 && p.target == 1).await;
     server.finish().await;
 }
+
+/// A server with the default image imported and a pool of python fork
+/// servers for it (`max` zygotes at once).
+async fn python_server(max: usize) -> TestServer {
+    assert!(
+        Path::new(DEFAULT_ROOTFS).join(".warren-complete").exists(),
+        "no default image at {DEFAULT_ROOTFS}: run `scripts/make-default-image.sh {DEFAULT_ROOTFS}` (scripts/test.sh does)"
+    );
+    let pool = format!("image=default,min=1,max={max},queue=8,memory_mib=128,disk_mib=64,pids=128");
+    let server = TestServer::start_with(&["--function-pool", &pool]).await;
+    let (status, body) =
+        server.call(Method::POST, "/v1/images", Some(&json!({"name": "default", "dir": DEFAULT_ROOTFS}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    server
+}
+
+async fn py(server: &TestServer, code: &str, extra: Value) -> FunctionResult {
+    let mut body = json!({"image": "default", "language": "python", "code": code});
+    if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+        body.extend(extra.clone());
+    }
+    run(server, body).await
+}
+
+fn err(r: &FunctionResult) -> &str {
+    &r.exec.output.as_ref().expect("a function result carries its output").stderr.text
+}
+
+#[tokio::test]
+async fn python_calls_fork_from_a_warm_interpreter_like_python3_c() {
+    let server = python_server(2).await;
+    let r = py(
+        &server,
+        "import os, sys\nprint(sys.stdin.read().upper(), sys.argv, os.getcwd(), os.environ['HOME'], os.environ['TMPDIR'], os.environ['GREETING'])\nprint(open('data/in.txt').read(), end='')\nopen('out.txt', 'w').write('result')\nprint('oops', file=sys.stderr)\nsys.exit(3)",
+        json!({"stdin": "judge", "args": ["a", "b"], "files": {"data/in.txt": "input line\n"}, "fetch": ["out.txt", "/etc/hostname", "nothing"], "env": {"GREETING": "hi"}}),
+    )
+    .await;
+    assert!(r.forked, "a python call of a pool with fork servers forks: {r:?}");
+    assert_eq!(r.exec.status, ExecStatus::Ok);
+    assert_eq!(r.exec.exit_code, Some(3), "{r:?}");
+    assert_eq!(out(&r), "JUDGE ['-c', 'a', 'b'] /work /work /work hi\ninput line\n");
+    assert_eq!(err(&r), "oops\n");
+    assert_eq!(fetched(&r, "out.txt"), "result");
+    assert!(!fetched(&r, "/etc/hostname").is_empty());
+    assert_eq!(r.files["nothing"].status, FetchStatus::Missing);
+
+    // An uncaught exception: the traceback starts at the code, as with -c.
+    let raised = py(&server, "x = 1\n1 / 0", json!({})).await;
+    assert!(raised.forked);
+    assert_eq!(raised.exec.exit_code, Some(1));
+    let text = err(&raised);
+    assert!(
+        text.starts_with("Traceback (most recent call last):\n  File \"<string>\", line 2, in <module>\n"),
+        "{text}"
+    );
+    assert!(text.ends_with("ZeroDivisionError: division by zero\n"), "{text}");
+    let message = py(&server, "import sys; print('partial', end=''); sys.exit('bye')", json!({})).await;
+    assert_eq!((message.exec.exit_code, out(&message), err(&message)), (Some(1), "partial", "bye\n"));
+    let main = py(
+        &server,
+        "import __main__, pickle\nclass A: pass\nprint(__name__, __main__.A is A, len(pickle.dumps(A())) > 0)",
+        json!({}),
+    )
+    .await;
+    assert_eq!(out(&main), "__main__ True True\n");
+
+    // A cwd that exists in the image cannot be the call's own directory:
+    // a one-use worker runs the call, with the same result.
+    let tmp = py(&server, "import os; print(os.getcwd())", json!({"cwd": "/tmp"})).await;
+    assert!(!tmp.forked, "{tmp:?}");
+    assert_eq!(out(&tmp), "/tmp\n");
+    // Other languages keep the one-use workers.
+    let sh = run(&server, json!({"image": "default", "language": "bash", "code": "echo $((6*7))"})).await;
+    assert!(!sh.forked);
+    assert_eq!(out(&sh), "42\n");
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn nothing_of_a_forked_call_reaches_the_next_on_the_same_fork_server() {
+    // One zygote: every call below is served by the same warm interpreter.
+    let server = python_server(1).await;
+    let first = py(
+        &server,
+        r#"
+import builtins, os, socket, sys
+builtins.LEAKED = 'global'
+sys.modules['leaked_module'] = sys
+open('left', 'w').write('x')
+for path in ['/tmp/x', '/root/answer', '/dev/shm/x']:
+    try:
+        open(path, 'w').write('secret')
+        print('wrote', path)
+    except PermissionError:
+        print('refused', path)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvp('sleep', ['sleep', '1000'])
+    os._exit(0)
+os.wait()
+print(socket.gethostname())
+"#,
+        json!({}),
+    )
+    .await;
+    assert!(first.forked, "{first:?}");
+    assert_eq!(first.exec.status, ExecStatus::Ok, "{first:?}");
+    let lines: Vec<&str> = out(&first).lines().collect();
+    assert_eq!(lines[..3], ["refused /tmp/x", "refused /root/answer", "refused /dev/shm/x"], "{lines:?}");
+    let hostname = lines[3];
+    for _ in 0..3 {
+        let next = py(
+            &server,
+            r#"
+import builtins, os, socket, sys
+sleepers = []
+for pid in os.listdir('/proc'):
+    try:
+        if pid.isdigit() and open('/proc/%s/cmdline' % pid, 'rb').read().startswith(b'sleep'):
+            sleepers.append(pid)
+    except OSError:
+        pass
+print(os.listdir('.'), [p for p in ['/tmp/x', '/root/answer', '/dev/shm/x'] if os.path.exists(p)])
+print(hasattr(builtins, 'LEAKED'), 'leaked_module' in sys.modules, sleepers)
+print(socket.gethostname())
+"#,
+            json!({}),
+        )
+        .await;
+        assert!(next.forked, "{next:?}");
+        let lines: Vec<&str> = out(&next).lines().collect();
+        assert_eq!(lines[0], "[] []", "a file leaked between calls: {lines:?}");
+        assert_eq!(lines[1], "False False []", "state or a process leaked between calls: {lines:?}");
+        assert_eq!(lines[2], hostname, "the calls did not share their fork server, so this proves nothing");
+    }
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn a_forked_call_cannot_signal_or_read_its_fork_server() {
+    let server = python_server(1).await;
+    let r = py(
+        &server,
+        r#"
+import os
+me, reached, tried = os.getpid(), [], 0
+for pid in [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != me]:
+    tried += 1
+    for what, attempt in [('signal', lambda: os.kill(pid, 0)),
+                          ('environ', lambda: open('/proc/%d/environ' % pid, 'rb').read()),
+                          ('mem', lambda: open('/proc/%d/mem' % pid, 'rb'))]:
+        try:
+            attempt()
+            reached.append((pid, what))
+        except PermissionError:
+            pass
+try:
+    os.kill(os.getppid(), 9)
+    print('killed the parent')
+except PermissionError as e:
+    print('parent:', e.errno)
+print(tried, reached)
+"#,
+        json!({}),
+    )
+    .await;
+    assert!(r.forked, "{r:?}");
+    let lines: Vec<&str> = out(&r).lines().collect();
+    assert_eq!(lines.len(), 2, "the call did not get to report (did it kill its leader?): {r:?}");
+    assert_eq!(lines[0], "parent: 1", "{r:?}");
+    let (tried, reached) = lines[1].split_once(' ').unwrap();
+    // PID 1 (init), the zygote and the call's leader at least.
+    assert!(tried.parse::<u32>().unwrap() >= 3, "{lines:?}");
+    assert_eq!(reached, "[]", "the call reached a process outside its own domain");
+    let after = py(&server, "print('fine')", json!({})).await;
+    assert!(after.forked);
+    assert_eq!(out(&after), "fine\n");
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn a_forked_call_past_its_deadline_or_memory_ends_typed_and_the_pool_recovers() {
+    let server = python_server(1).await;
+    let slow = py(
+        &server,
+        "import os, time\nprint('started', flush=True)\nif os.fork() == 0:\n    os.setsid()\ntime.sleep(600)",
+        json!({"timeout_secs": 1}),
+    )
+    .await;
+    assert!(slow.forked, "{slow:?}");
+    assert_eq!(slow.exec.status, ExecStatus::TimedOut, "{slow:?}");
+    assert_eq!(out(&slow), "started\n");
+    let hog = py(&server, "chunks = []\nwhile True:\n    chunks.append(bytearray(8 << 20))", json!({})).await;
+    assert!(hog.forked, "{hog:?}");
+    assert_eq!(hog.exec.status, ExecStatus::Oom, "{hog:?}");
+    let after = py(&server, "print('fine')", json!({})).await;
+    assert!(after.forked, "{after:?}");
+    assert_eq!((after.exec.status, out(&after)), (ExecStatus::Ok, "fine\n"));
+    let (status, body) = server.call(Method::GET, "/v1/functions/pools", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let pools: warren_api::FunctionPoolList = serde_json::from_value(body).unwrap();
+    let pool = pools.pools.iter().find(|p| p.image == "default").expect("the default image's pool");
+    assert_eq!(pool.busy, 0, "{pool:?}");
+    server.finish().await;
+}

@@ -97,7 +97,9 @@ async fn image_stats_report_what_the_lazy_cache_fetched() {
     // Metadata arrives as one blob, not as the chunks it touches.
     assert!(l.metadata_bytes_fetched > 0 && l.metadata_chunks_fetched == 0, "{l:?}");
     assert!(l.chunks_fetched >= 1 && l.bytes_fetched > l.metadata_bytes_fetched, "{l:?}");
-    assert!(l.present_bytes <= l.size_bytes && l.bytes_fetched >= l.present_bytes, "{l:?}");
+    // The metadata blob travels compressed, so the pages it fills can
+    // outweigh the bytes fetched for it; data is fetched as it is stored.
+    assert!(l.present_bytes <= l.size_bytes && l.bytes_fetched <= l.size_bytes, "{l:?}");
     assert_eq!(l.failed_fills, 0, "{l:?}");
     assert!(stats["store"]["chunks_uploaded"].as_u64() >= Some(1), "{stats}");
     server.finish().await;

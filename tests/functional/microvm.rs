@@ -16,7 +16,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::json;
 use warren_api::{EndReason, ErrorCode, ExecRequest, FileKind, FileList, FileStat, SandboxInfo, SandboxState, VmBoot};
-use warren_tests::guest::{delete_leaves_nothing, pause_or_resume, require_qemu_and_kernel};
+use warren_tests::guest::{self, delete_leaves_nothing, pause_or_resume, require_qemu_and_kernel};
 use warren_tests::*;
 
 /// Enough for the cloud kernel, the initramfs and busybox.
@@ -210,27 +210,12 @@ async fn paused_microvm_ends_node_restarted_on_a_restart_and_leaves_no_qemu() {
     server.finish().await;
 }
 
-/// The snapshots the microVM driver holds, complete ones only.
 fn ready_snapshots(server: &TestServer) -> Vec<std::path::PathBuf> {
-    leaks::dir_entries(&server.data_dir().join("vm").join(".snapshots"))
-        .into_iter()
-        .filter(|d| d.join("meta.json").is_file())
-        .collect()
+    guest::ready_snapshots(server, warren_api::Backend::Microvm)
 }
 
-/// Waits (bounded by a count, not a clock: a template boot under TCG on a
-/// loaded machine takes what it takes) until `n` snapshots are complete.
 async fn wait_for_snapshots(server: &TestServer, n: usize) -> Vec<std::path::PathBuf> {
-    for _ in 0..1200 {
-        let ready = ready_snapshots(server);
-        if ready.len() >= n {
-            return ready;
-        }
-        let log = server.log_tail(40);
-        assert!(!log.contains("cannot build a VM snapshot"), "the snapshot build failed; log:\n{log}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    panic!("no VM snapshot was built; log:\n{}", server.log_tail(40));
+    guest::wait_for_snapshots(server, warren_api::Backend::Microvm, n).await
 }
 
 /// 32 bytes of the guest's /dev/urandom, hex.
@@ -289,6 +274,89 @@ async fn snapshot_restored_microvms_are_clones_with_their_own_identity() {
     let snapshots = server.data_dir().join("vm").join(".snapshots");
     server.finish().await;
     assert!(!snapshots.exists(), "a stopped server leaves its VM snapshots behind");
+}
+
+/// `GET /v1/capacity`'s committed memory; `GET /v1/stats`' CPUs and
+/// memory in use and its count of made sandboxes.
+async fn books(server: &TestServer) -> (u64, f64, u64, u64) {
+    let (status, capacity) = server.call(reqwest::Method::GET, "/v1/capacity", None).await;
+    assert_eq!(status, StatusCode::OK, "{capacity}");
+    let (status, stats) = server.call(reqwest::Method::GET, "/v1/stats", None).await;
+    assert_eq!(status, StatusCode::OK, "{stats}");
+    let stats: warren_api::NodeStats = serde_json::from_value(stats).expect("node stats");
+    let committed = capacity["memory_mib_committed"].as_u64().expect("memory_mib_committed");
+    // Creates under way are counted there but hold nothing in use yet.
+    let live = stats.sandboxes.iter().filter(|c| c.state != SandboxState::Creating).map(|c| c.count).sum();
+    (committed, stats.capacity.cpus_used, stats.capacity.memory_used_bytes, live)
+}
+
+/// Whether the driver builds a snapshot now (its directory is made once
+/// the template's room is reserved).
+fn snapshot_building(server: &TestServer) -> bool {
+    leaks::dir_entries(&server.data_dir().join("vm").join(".snapshots"))
+        .iter()
+        .any(|d| d.extension().is_some_and(|e| e == "building"))
+}
+
+/// The template guest a snapshot is made from holds host memory and a
+/// vCPU while it boots and is saved: the node's books count it beside the
+/// first create (capacity, stats) and a create that fits beside that
+/// create but not beside the template too is refused; once the template
+/// is saved and its QEMU and cgroup are gone the room is back and the next
+/// create is a restore. The books are read while the first create (whose
+/// boot starts the template's) runs; a reading counts when the build was
+/// under way before it and the snapshot still not saved after it.
+#[tokio::test]
+async fn a_snapshot_template_is_counted_in_the_books_while_it_is_built() {
+    require_qemu_and_kernel("microvm");
+    let g = GUEST_MEMORY_MIB;
+    // The first create and one more fit; beside the template they do not.
+    let server = TestServer::start_with(&["--vm-snapshots", "on", "--max-memory-mib", &(2 * g).to_string()]).await;
+    let body = small(json!({"backend": "microvm", "memory_mib": g}));
+    let watch = async {
+        for _ in 0..60_000 {
+            if !ready_snapshots(&server).is_empty() {
+                panic!("the snapshot was saved before the books could be read while it was built");
+            }
+            if !snapshot_building(&server) {
+                let log = server.log_tail(40);
+                assert!(!log.contains("no room on the node for a snapshot template"), "{log}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            }
+            let during = books(&server).await;
+            let (status, answer) = server.try_create(&body).await;
+            if !ready_snapshots(&server).is_empty() {
+                if status == StatusCode::CREATED {
+                    server.delete(answer["id"].as_str().expect("an id")).await;
+                }
+                continue; // saved meanwhile: this reading proves nothing
+            }
+            let (_, _, _, live) = during;
+            assert_eq!(during.0, 2 * g, "the first create and the template are committed: {during:?}");
+            assert_eq!(during.1, live as f64 + 1.0, "the template's vCPU is in use: {during:?}");
+            assert_eq!(during.2, ((live + 1) * g) << 20, "the template's memory is in use: {during:?}");
+            assert_api_error(status, &answer, ErrorCode::CapacityExceeded, None);
+            return;
+        }
+        panic!("no snapshot build began; log:\n{}", server.log_tail(40));
+    };
+    let (first, ()) = tokio::join!(create_vm(&server, json!({})), watch);
+    assert_eq!(first.boot, Some(VmBoot::Cold), "nothing to restore yet");
+
+    wait_for_snapshots(&server, 1).await;
+    let mut after = books(&server).await;
+    for _ in 0..400 {
+        if after.0 == g {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        after = books(&server).await;
+    }
+    assert_eq!(after, (g, 1.0, g << 20, 1), "the template's reservation outlives it");
+    let restored = create_vm(&server, json!({})).await;
+    assert_eq!(restored.boot, Some(VmBoot::Snapshot), "{restored:?}");
+    server.finish().await;
 }
 
 /// A snapshot belongs to its image's layers: replacing the image deletes
@@ -395,21 +463,7 @@ async fn a_microvm_paused_to_disk_keeps_its_memory_and_frees_the_host() {
     assert_eq!(server.sh_ok(id, &check).await, want, "the sleeper outlives its exec");
 
     for round in 0..2 {
-        let (status, info) =
-            server.call(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/pause?to_disk=true"), None).await;
-        assert_eq!(status, StatusCode::OK, "{info}");
-        assert_eq!(info["state"], "paused", "{info}");
-        assert!(mem.is_file(), "round {round}: no memory file {}", mem.display());
-        assert_eq!(leaks::instance_processes(&vm_instance), vec![], "QEMU runs while paused to disk");
-        assert_eq!(server.get(id).await.state, SandboxState::Paused, "the probe leaves it paused");
-        if round == 0 {
-            assert_eq!(server.sh_ok(id, &check).await, want, "the next exec resumes it from disk");
-        } else {
-            pause_or_resume(&server, id, "resume", SandboxState::Running).await;
-            assert_eq!(server.sh_ok(id, &check).await, want);
-        }
-        assert_eq!(server.get(id).await.state, SandboxState::Running);
-        assert!(!mem.exists(), "the memory file outlives the resume");
+        guest::disk_pause_round(&server, id, round, (&mem, &vm_instance), (&check, &want)).await;
     }
 
     // Paused in memory, then to disk: it moves; a delete of it leaves nothing.

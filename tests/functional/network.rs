@@ -1,10 +1,10 @@
 //! Egress of `allowlist` sandboxes: a veth pair, NAT, and eBPF cgroup
 //! programs that allow only the policy's destinations - changed live, with
-//! every refusal a security event. Peers are servers this test runs in
-//! network namespaces it makes (named after the test process), never any
-//! outside address.
+//! every refusal a security event, over IPv4 and IPv6. Peers are servers
+//! this test runs in network namespaces it makes (named after the test
+//! process), never any outside address.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::Command;
@@ -39,11 +39,13 @@ fn block() -> u8 {
     ((std::process::id() * 7 + n * 13) % 200) as u8 + 20
 }
 
-/// A network namespace with a veth to the host and TCP echo servers.
+/// A network namespace with a veth to the host and TCP echo servers, on
+/// an IPv4 /30 and an IPv6 /64 (ULA) of the test's block.
 struct Peer {
     ns: String,
     host_if: String,
     addr: Ipv4Addr,
+    addr6: Ipv6Addr,
     servers: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -54,14 +56,17 @@ impl Peer {
             ns: format!("wtnet-{tag}"),
             host_if: format!("wtp{tag}"),
             addr: Ipv4Addr::new(10, 251, block, 2),
+            addr6: Ipv6Addr::new(0xfdee, 0x77, u16::from(block), 0, 0, 0, 0, 2),
             servers: Vec::new(),
         };
         let peer_if = format!("wtq{tag}");
         run(&["ip", "netns", "add", &peer.ns]);
         run(&["ip", "link", "add", &peer.host_if, "type", "veth", "peer", "name", &peer_if, "netns", &peer.ns]);
         run(&["ip", "addr", "add", &format!("10.251.{block}.1/30"), "dev", &peer.host_if]);
+        run(&["ip", "addr", "add", &format!("{}/64", peer.host_addr6()), "dev", &peer.host_if, "nodad"]);
         run(&["ip", "link", "set", &peer.host_if, "up"]);
         run(&["ip", "-n", &peer.ns, "addr", "add", &format!("10.251.{block}.2/30"), "dev", &peer_if]);
+        run(&["ip", "-n", &peer.ns, "addr", "add", &format!("{}/64", peer.addr6), "dev", &peer_if, "nodad"]);
         run(&["ip", "-n", &peer.ns, "link", "set", &peer_if, "up"]);
         run(&["ip", "-n", &peer.ns, "link", "set", "lo", "up"]);
         peer
@@ -73,14 +78,21 @@ impl Peer {
         Ipv4Addr::new(a, b, c, 1)
     }
 
-    /// An echo server on `port` in the namespace.
+    /// The host's IPv6 address on the peer's veth.
+    fn host_addr6(&self) -> Ipv6Addr {
+        let s = self.addr6.segments();
+        Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 1)
+    }
+
+    /// An echo server on `port` in the namespace (IPv4 and IPv6).
     fn serve_echo(&mut self, port: u16) {
         let ns = PathBuf::from("/run/netns").join(&self.ns);
         let listener = std::thread::spawn(move || {
             let f = std::fs::File::open(&ns).expect("open the peer netns");
             rustix::thread::move_into_link_name_space(f.as_fd(), Some(rustix::thread::LinkNameSpaceType::Network))
                 .expect("setns into the peer netns");
-            let l = std::net::TcpListener::bind(("0.0.0.0", port)).expect("bind the echo server");
+            // `::` takes IPv4 too (the namespace's bindv6only is 0).
+            let l = std::net::TcpListener::bind(("::", port)).expect("bind the echo server");
             l.set_nonblocking(true).expect("nonblocking listener");
             l
         })
@@ -124,6 +136,7 @@ struct NetObjects {
     table: String,
     pins: PathBuf,
     veth_prefix: String,
+    instance: String,
 }
 
 impl NetObjects {
@@ -134,6 +147,7 @@ impl NetObjects {
             table: format!("warren_net_{clean}"),
             pins: PathBuf::from(format!("/sys/fs/bpf/warren-net-{}", server.instance)),
             veth_prefix: format!("wr{:06x}h", fnv(&server.instance) & 0xff_ffff),
+            instance: server.instance.clone(),
         }
     }
 
@@ -147,13 +161,14 @@ impl NetObjects {
     }
 
     fn table_exists(&self) -> bool {
-        Command::new("nft").args(["list", "table", "ip", &self.table]).output().is_ok_and(|o| o.status.success())
+        Command::new("nft").args(["list", "table", "inet", &self.table]).output().is_ok_and(|o| o.status.success())
     }
 
     fn assert_gone(&self) {
         assert_eq!(self.veths(), Vec::<String>::new(), "veths left");
         assert!(!self.table_exists(), "nft table {} left", self.table);
         assert!(!self.pins.exists(), "bpffs pins {} left", self.pins.display());
+        assert_eq!(held_uplinks(&self.instance), Vec::<String>::new(), "IPv6 uplinks still held");
     }
 }
 
@@ -162,8 +177,18 @@ impl Drop for NetObjects {
         for v in self.veths() {
             let _ = Command::new("ip").args(["link", "del", &v]).output();
         }
-        let _ = Command::new("nft").args(["delete", "table", "ip", &self.table]).output();
+        let _ = Command::new("nft").args(["delete", "table", "inet", &self.table]).output();
         let _ = std::fs::remove_dir_all(&self.pins);
+        // Let go of the uplinks as the server would have (a failed test's
+        // server is killed): the last holder turns forwarding back off.
+        for interface in held_uplinks(&self.instance) {
+            let dir = PathBuf::from(FORCE_FORWARDING).join(&interface);
+            let _ = std::fs::remove_file(dir.join(holder_name(&self.instance)));
+            if std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0) == 0 {
+                let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{interface}/force_forwarding"), "0");
+                let _ = std::fs::remove_dir(&dir);
+            }
+        }
     }
 }
 
@@ -233,7 +258,8 @@ async fn allowed_tcp_connects_and_anything_else_is_refused_and_reported() {
     assert_eq!(server.get(&sb.id).await.network_policy.map(|p| p.rules.len()), Some(1), "info shows the policy");
     let link = server.sh_ok(&sb.id, "ip -o addr show eth0").await;
     assert!(link.contains("10.250."), "eth0 has an address of the pool: {link}");
-    assert!(!link.contains("inet6"), "no IPv6, not even link-local: {link}");
+    assert!(link.contains("inet6 fd"), "eth0 has an address of the IPv6 pool: {link}");
+    assert!(!link.contains("fe80"), "no link-local IPv6: {link}");
 
     assert_eq!(probe(&server, &sb.id, &format!("tcp {} 80", peer.addr)).await, "tcp OK\necho OK\n");
     assert_eq!(probe(&server, &sb.id, &format!("tcp {} 81", peer.addr)).await, "tcp EPERM\n");
@@ -283,10 +309,13 @@ async fn udp_ipv6_and_foreign_dns_are_blocked_around_a_tcp_rule() {
     assert_ne!(r.exit_code, Some(0), "{r:?}");
     assert_eq!(probe(&server, &sb.id, "tcp6 2001:db8::1 80").await, "tcp6 EPERM\n");
     assert_eq!(
-        probe(&server, &sb.id, &format!("tcp6 ::ffff:{} 53", peer.addr)).await.trim(),
-        "tcp6 OK",
+        probe(&server, &sb.id, &format!("tcp6 ::ffff:{} 53", peer.addr)).await,
+        "tcp6 OK\necho OK\n",
         "a v4-mapped address is the same destination"
     );
+    // IPv6 routes now: the peer's own IPv6 address, same port, is refused
+    // by the policy, not by a missing route.
+    assert_eq!(probe(&server, &sb.id, &format!("tcp6 {} 53", peer.addr6)).await, "tcp6 EPERM\n");
     assert_eq!(probe(&server, &sb.id, "udp6 2001:db8::1 53").await, "udp6 EPERM\n");
     wait_event(&server, &sb.id, SecurityEventKind::NetworkBlocked, "[2001:db8::1]:80").await;
     server.finish().await;
@@ -422,7 +451,11 @@ async fn a_crashed_server_leaves_enforcement_in_place_and_the_restart_sweeps() {
     peer.serve_echo(80);
     peer.serve_echo(81);
     let (mut server, objects) = start(b, &[]).await;
-    let kept = allowlist(&server, json!({"rules": [cidr_rule(peer.addr, &[80], "tcp")]})).await;
+    let kept = allowlist(
+        &server,
+        json!({"rules": [cidr_rule(peer.addr, &[80], "tcp"), cidr6_rule(peer.addr6, &[80], "tcp")]}),
+    )
+    .await;
     let gone = allowlist(&server, json!({})).await;
     server.crash().await;
     // While no node runs, the programs still hold.
@@ -447,10 +480,132 @@ async fn a_crashed_server_leaves_enforcement_in_place_and_the_restart_sweeps() {
     assert_eq!(objects.veths().len(), 1, "the dead sandbox's veth was swept: {:?}", objects.veths());
     assert_eq!(probe(&server, &kept.id, &format!("tcp {} 80", peer.addr)).await, "tcp OK\necho OK\n");
     assert_eq!(probe(&server, &kept.id, &format!("tcp {} 81", peer.addr)).await, "tcp EPERM\n");
+    assert_eq!(probe(&server, &kept.id, &format!("tcp6 {} 80", peer.addr6)).await, "tcp6 OK\necho OK\n");
+    assert_eq!(probe(&server, &kept.id, &format!("tcp6 {} 81", peer.addr6)).await, "tcp6 EPERM\n");
     wait_event(&server, &kept.id, SecurityEventKind::NetworkBlocked, &format!("{}:81", peer.addr)).await;
     let (status, body) = put_network(&server, &kept.id, json!({})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(probe(&server, &kept.id, &format!("tcp {} 80", peer.addr)).await, "tcp EPERM\n");
     server.finish().await;
     objects.assert_gone();
+}
+
+/// The registry of host interfaces whose IPv6 `force_forwarding` servers
+/// turned on (crates/warren-net/src/forwarding.rs), and the holder file
+/// name of `instance` in it.
+const FORCE_FORWARDING: &str = "/run/warren-net/ipv6-force-forwarding";
+
+fn force_forwarding(interface: &str) -> String {
+    std::fs::read_to_string(format!("/proc/sys/net/ipv6/conf/{interface}/force_forwarding"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn holder_name(instance: &str) -> String {
+    instance.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect()
+}
+
+/// The interfaces the registry says `instance` holds.
+fn held_uplinks(instance: &str) -> Vec<String> {
+    let holder = holder_name(instance);
+    let Ok(entries) = std::fs::read_dir(FORCE_FORWARDING) else { return Vec::new() };
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join(&holder).exists())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+fn cidr6_rule(addr: Ipv6Addr, ports: &[u16], protocol: &str) -> Value {
+    json!({"cidr": format!("{addr}/128"), "ports": ports, "protocol": protocol})
+}
+
+#[tokio::test]
+async fn ipv6_egress_is_routed_and_held_to_the_same_policy() {
+    assert!(
+        std::path::Path::new("/proc/sys/net/ipv6/conf/all/force_forwarding").exists(),
+        "IPv6 egress needs per-interface force_forwarding (Linux 6.17+)"
+    );
+    let b = block();
+    let mut peer = Peer::new(b);
+    peer.serve_echo(80);
+    peer.serve_echo(81);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let hosts = dir.path().join("hosts");
+    std::fs::write(&hosts, format!("{} mirror6.test\n", peer.addr6)).expect("hosts file");
+    // A holder a killed server left on the peer's veth: no such process,
+    // so the first server touching the registry lets it go.
+    let ghost = PathBuf::from(FORCE_FORWARDING).join(&peer.host_if);
+    std::fs::create_dir_all(&ghost).expect("plant a registry entry");
+    std::fs::write(ghost.join("wt-ghost"), "4000000000 1").expect("plant a dead holder");
+    let (server, objects) = start(b, &["--dns-hosts", hosts.to_str().expect("utf-8 path")]).await;
+    let sb = allowlist(&server, json!({"rules": [cidr6_rule(peer.addr6, &[80], "tcp")]})).await;
+    assert!(!ghost.join("wt-ghost").exists(), "the dead server's holder was let go");
+    let link = server.sh_ok(&sb.id, "ip -o addr show eth0").await;
+    assert!(link.contains("inet6 fd") && link.contains("/126"), "a /126 of the IPv6 pool: {link}");
+    assert!(!link.contains("fe80"), "no link-local address: {link}");
+    let route = server.sh_ok(&sb.id, "ip -6 route show default").await;
+    assert!(route.contains("default via fd"), "an IPv6 default route: {route}");
+
+    // The forwarding this takes: the sandbox's veth and the way back in,
+    // per interface; the host-wide switch is left alone.
+    let global = std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/forwarding").expect("all.forwarding");
+    let veths = objects.veths();
+    assert_eq!(veths.len(), 1);
+    assert_eq!(force_forwarding(&veths[0]), "1", "the sandbox's host veth forwards");
+    if global.trim() == "0" {
+        assert!(held_uplinks(&server.instance).contains(&peer.host_if), "the peer's veth is held");
+        assert_eq!(force_forwarding(&peer.host_if), "1");
+    }
+
+    assert_eq!(probe(&server, &sb.id, &format!("tcp6 {} 80", peer.addr6)).await, "tcp6 OK\necho OK\n");
+    assert_eq!(probe(&server, &sb.id, &format!("tcp6 {} 81", peer.addr6)).await, "tcp6 EPERM\n");
+    let event =
+        wait_event(&server, &sb.id, SecurityEventKind::NetworkBlocked, &format!("tcp [{}]:81", peer.addr6)).await;
+    assert_eq!((event.syscall.as_str(), event.comm.as_str()), ("connect", "netprobe"), "{event:?}");
+    // UDP to the very host and port the TCP rule names.
+    assert_eq!(probe(&server, &sb.id, &format!("udp6 {} 80", peer.addr6)).await, "udp6 EPERM\n");
+    wait_event(&server, &sb.id, SecurityEventKind::NetworkBlocked, &format!("udp [{}]:80", peer.addr6)).await;
+    // The IPv4 side of the same peer has no rule.
+    assert_eq!(probe(&server, &sb.id, &format!("tcp {} 80", peer.addr)).await, "tcp EPERM\n");
+
+    // A rule wide enough to cover the host's own IPv6 address on the
+    // peer's link does not reach the host's services.
+    let host_side = std::net::TcpListener::bind((peer.host_addr6(), 0)).expect("a host listener");
+    let port = host_side.local_addr().expect("its address").port();
+    let wide = json!({"rules": [{"cidr": format!("{}/64", peer.host_addr6()), "ports": [80, port]}]});
+    let (status, body) = put_network(&server, &sb.id, wide).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(probe(&server, &sb.id, &format!("tcp6 {} 80", peer.addr6)).await, "tcp6 OK\necho OK\n");
+    let to_host = probe(&server, &sb.id, &format!("tcp6 {} {port}", peer.host_addr6())).await;
+    assert!(!to_host.contains("tcp6 OK"), "the host is not reachable over IPv6: {to_host}");
+
+    // Live: without the rule the next connect is refused, with it back it works.
+    let (status, body) = put_network(&server, &sb.id, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(probe(&server, &sb.id, &format!("tcp6 {} 80", peer.addr6)).await, "tcp6 EPERM\n");
+    let rule = json!({"rules": [cidr6_rule(peer.addr6, &[80], "tcp")]});
+    let (status, body) = put_network(&server, &sb.id, rule).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(probe(&server, &sb.id, &format!("tcp6 {} 80", peer.addr6)).await, "tcp6 OK\necho OK\n");
+
+    // A domain rule whose answer is AAAA: pinned like an A answer.
+    let (status, body) =
+        put_network(&server, &sb.id, json!({"rules": [{"domain": "mirror6.test", "ports": [80]}]})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let target = format!("tcp6 {} 80", peer.addr6);
+    assert_eq!(probe(&server, &sb.id, &target).await, "tcp6 EPERM\n", "not before the name was resolved");
+    let found = server.sh_ok(&sb.id, "nslookup -type=AAAA mirror6.test").await;
+    assert!(found.contains(&peer.addr6.to_string()), "{found}");
+    assert_eq!(probe(&server, &sb.id, &target).await, "tcp6 OK\necho OK\n", "the AAAA answer is pinned");
+
+    server.delete(&sb.id).await;
+    assert_eq!(objects.veths(), Vec::<String>::new(), "destroy removes the veth");
+    server.finish().await;
+    objects.assert_gone();
+    let still_held = std::path::Path::new(FORCE_FORWARDING).join(&peer.host_if).exists();
+    if !still_held {
+        assert_eq!(force_forwarding(&peer.host_if), "0", "the peer veth's force_forwarding is back off");
+    }
 }

@@ -5,7 +5,9 @@
 //! what only a full OS gives: `systemctl` starts a shipped unit and a
 //! transient one and says they are active, the guest has its own machine
 //! id and the sandbox's resources, and a delete leaves no QEMU, cgroup or
-//! file behind. An image without systemd is refused before any boot.
+//! file behind. An image without systemd is refused before any boot. A
+//! full VM paused to disk comes back with its memory, units and clock, and
+//! one restored from a snapshot runs systemd with its own name and clock.
 //!
 //! The image: `warren_tests::guest::systemd_rootfs` (Debian bookworm
 //! minbase plus `systemd-sysv` and `procps`, built once and cached).
@@ -18,9 +20,10 @@ use std::path::Path;
 use std::time::Instant;
 
 use serde_json::json;
-use warren_api::{ErrorCode, ExecRequest, SandboxInfo};
+use warren_api::{Backend, ErrorCode, ExecRequest, SandboxInfo, SandboxState, VmBoot};
 use warren_tests::guest::{
-    delete_leaves_nothing, import_systemd_image, require_qemu_and_kernel, SYSTEMD_IMAGE, SYSTEMD_ROOTFS,
+    self, delete_leaves_nothing, import_systemd_image, pause_or_resume, ready_snapshots, require_qemu_and_kernel,
+    wait_for_snapshots, SYSTEMD_IMAGE, SYSTEMD_ROOTFS,
 };
 use warren_tests::*;
 
@@ -113,4 +116,85 @@ async fn whole_os_cases(server: &TestServer, id: &str) {
     server.sh_ok(id, "systemd-run --unit=warren-transient /bin/sleep 100000").await;
     assert_eq!(server.sh_ok(id, "systemctl is-active warren-transient.service").await, "active\n");
     server.sh_ok(id, "systemctl stop warren-transient.service").await;
+}
+
+/// `pause?to_disk=true` on a full VM: the guest's memory goes to a file in
+/// its run directory and QEMU exits; the next exec loads it back with
+/// everything that lived only in memory (a tmpfs file, a detached process,
+/// a running systemd unit), systemd still `running` and the guest's clock
+/// set to the host's again (it stood still on disk). A VM paused to disk
+/// deletes cleanly.
+#[tokio::test]
+async fn a_full_vm_paused_to_disk_keeps_its_memory_and_frees_the_host() {
+    require_qemu_and_kernel("vm");
+    let server = TestServer::start().await;
+    import_systemd_image(&server).await;
+    let sb = create_vm(&server).await;
+    let id = sb.id.as_str();
+    let vm_instance = leaks::full_vm_instance(&server.instance);
+    let mem = server.data_dir().join("fullvm").join(id).join("paused.mem");
+    let marker = server.sh_ok(id, "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n' | tee /dev/shm/marker").await;
+    let sleeper = server.sh_ok(id, "setsid sleep 100000 </dev/null >/dev/null 2>&1 & echo $!").await;
+    server.sh_ok(id, "systemd-run --unit=warren-kept /bin/sleep 100000").await;
+    let check = format!(
+        "cat /dev/shm/marker; echo; kill -0 {} && echo alive; systemctl is-active warren-kept.service",
+        sleeper.trim()
+    );
+    let want = format!("{marker}\nalive\nactive\n");
+    assert_eq!(server.sh_ok(id, &check).await, want, "the sleeper outlives its exec");
+
+    for round in 0..2 {
+        let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("a clock").as_secs();
+        guest::disk_pause_round(&server, id, round, (&mem, &vm_instance), (&check, &want)).await;
+        let guest_now: u64 = server.sh_ok(id, "date +%s").await.trim().parse().expect("seconds");
+        assert!(guest_now >= before, "round {round}: the guest's clock {guest_now} stood still (host {before})");
+        let r = server.sh(id, "systemctl is-system-running --wait; systemctl --failed --no-legend").await;
+        assert_eq!(stdout(&r), "running\n", "round {round}: {r:?}");
+    }
+
+    pause_or_resume(&server, id, "pause", SandboxState::Paused).await;
+    let (status, info) =
+        server.call(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/pause?to_disk=true"), None).await;
+    assert_eq!(status.as_u16(), 200, "{info}");
+    assert_eq!(leaks::instance_processes(&vm_instance), vec![], "QEMU runs while paused to disk");
+    server.delete(id).await;
+    assert!(!server.data_dir().join("fullvm").join(id).exists(), "the paused VM's directory survives its delete");
+    server.finish().await;
+}
+
+/// Snapshot boot on a full VM (`--vm-snapshots on`): the first create
+/// boots cold while the node saves a template guest; the next is restored
+/// from it with its own hostname, the host's time, systemd `running` and
+/// units that start; a delete leaves nothing. Clones of one snapshot share
+/// its machine id (the driver cannot give systemd a new one at run time).
+#[tokio::test]
+async fn a_snapshot_restored_full_vm_runs_systemd_with_its_own_name_and_clock() {
+    require_qemu_and_kernel("vm");
+    let server = TestServer::start_with(&["--vm-snapshots", "on"]).await;
+    import_systemd_image(&server).await;
+    let first = create_vm(&server).await;
+    assert_eq!(first.boot, Some(VmBoot::Cold), "nothing to restore yet");
+    wait_for_snapshots(&server, Backend::Vm, 1).await;
+
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("a clock").as_secs();
+    let clone = create_vm(&server).await;
+    let id = clone.id.as_str();
+    assert_eq!(clone.boot, Some(VmBoot::Snapshot), "{clone:?}");
+    assert_eq!(server.sh_ok(id, "hostname").await, format!("{id}\n"), "the clone takes its own name");
+    let guest_now: u64 = server.sh_ok(id, "date +%s").await.trim().parse().expect("seconds");
+    assert!(guest_now >= before, "the clone's clock {guest_now} is the snapshot's, before {before}");
+    assert_eq!(server.sh_ok(id, "cat /proc/1/comm").await, "systemd\n");
+    let r = server.sh(id, "systemctl is-system-running --wait; systemctl --failed --no-legend").await;
+    assert_eq!(stdout(&r), "running\n", "{r:?}");
+    server.sh_ok(id, "systemd-run --unit=warren-transient /bin/sleep 100000").await;
+    assert_eq!(server.sh_ok(id, "systemctl is-active warren-transient.service").await, "active\n");
+    let r = server.exec_wait(id, &ExecRequest::argv(["sh", "-c", "echo $FROM_SANDBOX"])).await;
+    assert_eq!(stdout(&r), "s\n", "the create's env reaches the clone's execs");
+
+    server.delete(&first.id).await;
+    delete_leaves_nothing(Backend::Vm, &server, id).await;
+    assert_eq!(ready_snapshots(&server, Backend::Vm).len(), 1, "the snapshot outlives its clones");
+    let snapshots = server.data_dir().join("fullvm").join(".snapshots");
+    server.finish().await;
+    assert!(!snapshots.exists(), "a stopped server leaves its VM snapshots behind");
 }

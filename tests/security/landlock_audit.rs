@@ -1,10 +1,14 @@
-//! Landlock denials as security events (`--landlock-audit on`): the server
-//! registers as the host's audit daemon, a refused read inside a sandbox
-//! becomes a `landlock` event naming the path, and stopping the server -
-//! or starting it again after a crash - puts the host's audit settings
-//! back. Its own test binary: enabling audit is host-wide, so it must not
-//! overlap another suite's kernel-log checks, and its tests run one at a
-//! time.
+//! Landlock denials as security events, with the server's default
+//! (`--landlock-audit auto`): where no audit daemon runs, the server
+//! registers as the host's audit daemon, adds a `never,task` audit rule and
+//! enables audit; a refused read inside a sandbox becomes a `landlock`
+//! event naming the path, and stopping the server - or starting it again
+//! after a crash - puts the host's audit settings and rule list back.
+//! Without `CAP_AUDIT_CONTROL`, `auto` runs without the events and says so,
+//! and `on` refuses to start. Its own test binary: enabling audit is
+//! host-wide, so it must not overlap another suite's kernel-log checks
+//! (every other test server runs with `--landlock-audit off`), and its
+//! tests run one at a time.
 //!
 //! Needs `CAP_AUDIT_CONTROL` in the initial user and pid namespaces; where
 //! the host refuses, the tests fail and say so (never pass silently).
@@ -16,11 +20,11 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 use tokio::time::{sleep, Instant};
-use warren_api::{ExecStatus, SecurityEvent, SecurityEventKind, SecurityEventList};
-use warren_guard::audit::{AuditSocket, AuditStatus};
+use warren_api::{ExecStatus, NodeStats, SecurityEvent, SecurityEventKind, SecurityEventList};
+use warren_guard::audit::{AuditError, AuditRule, AuditSocket, AuditStatus};
 use warren_tests::*;
 
-/// One test at a time: both make the server the host's audit daemon.
+/// One test at a time: they make the server the host's audit daemon.
 static AUDIT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn audit_status() -> AuditStatus {
@@ -46,24 +50,100 @@ fn audit_noise() -> BTreeSet<String> {
         .collect()
 }
 
+/// `AUDIT_LIST_RULES`: every rule of the host, in the kernel's order.
+fn audit_rules() -> Vec<AuditRule> {
+    AuditSocket::open().and_then(|mut s| s.list_rules()).unwrap_or_else(|e| panic!("cannot list the audit rules: {e}"))
+}
+
+/// The host's audit state a test must leave as it found it.
+#[derive(Debug, Clone, PartialEq)]
+struct HostAudit {
+    enabled: u32,
+    failure: u32,
+    backlog_limit: u32,
+    pid: u32,
+    rules: Vec<AuditRule>,
+}
+
+fn host_audit() -> HostAudit {
+    let s = audit_status();
+    HostAudit {
+        enabled: s.enabled,
+        failure: s.failure,
+        backlog_limit: s.backlog_limit,
+        pid: s.pid,
+        rules: audit_rules(),
+    }
+}
+
+/// Puts the host's audit state back as it was if a test fails half-way: a
+/// failing test's server is SIGKILLed and its data dir (with the node's
+/// record of what it changed) removed, so no later start would undo it.
+/// Declared before the server, so dropped after it.
+struct RestoreOnPanic(HostAudit);
+
+impl Drop for RestoreOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Err(e) = restore_host(&self.0) {
+                eprintln!("cannot put the host's audit state back to {:?}: {e}", self.0);
+            }
+        }
+    }
+}
+
+fn restore_host(before: &HostAudit) -> Result<(), AuditError> {
+    let mut socket = AuditSocket::open()?;
+    let now = socket.status()?;
+    if now.pid != 0 && pid_alive(now.pid) {
+        return Ok(()); // a live daemon's state is its own
+    }
+    socket.set_pid(std::process::id())?;
+    for rule in socket.list_rules()? {
+        if rule.is_task_never() && !before.rules.contains(&rule) {
+            socket.delete_rule(&rule)?;
+        }
+    }
+    if now.backlog_limit != before.backlog_limit {
+        socket.set_backlog_limit(before.backlog_limit)?;
+    }
+    if now.enabled != before.enabled {
+        socket.set_enabled(before.enabled)?;
+    }
+    // What was queued for this daemon, up to a quiet read.
+    while socket.recv()?.is_some() {}
+    socket.set_pid(0)
+}
+
 fn pid_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// The host's audit state before a test, checked to be one the test can
 /// take over: no other daemon running.
-fn before() -> AuditStatus {
-    let status = audit_status();
+fn before() -> HostAudit {
+    let host = host_audit();
     assert!(
-        status.pid == 0 || !pid_alive(status.pid),
+        host.pid == 0 || !pid_alive(host.pid),
         "an audit daemon (pid {}) runs on this host: the server would only listen to it; run this test \
          where no audit daemon runs",
-        status.pid
+        host.pid
     );
-    status
+    // A dead daemon's pid is dropped by the kernel on its next record:
+    // compare with what a stop leaves.
+    HostAudit { pid: 0, ..host }
 }
 
-fn assert_registered(server: &TestServer) {
+/// The server is the daemon, and the `never,task` rule is in force: the
+/// one it added, or one the host had.
+fn assert_registered(server: &TestServer, before: &HostAudit) {
+    let rules = audit_rules();
+    let never: Vec<&AuditRule> = rules.iter().filter(|r| r.is_task_never()).collect();
+    assert_eq!(never.len(), 1, "not exactly one `never,task` rule in force: {rules:?}");
+    if !before.rules.iter().any(AuditRule::is_task_never) {
+        assert_eq!(rules.len(), before.rules.len() + 1, "the server changed more than its own rule");
+        assert_eq!(never[0], &AuditRule::task_never());
+    }
     let now = audit_status();
     assert_eq!(
         Some(now.pid),
@@ -76,16 +156,23 @@ fn assert_registered(server: &TestServer) {
 }
 
 /// Stops the server (SIGTERM) and checks that the host's audit settings
-/// are as before it started.
-async fn stop_and_assert_restored(server: &mut TestServer, before: &AuditStatus) {
+/// and rules are as before it started, and that no record was lost.
+async fn stop_and_assert_restored(server: &mut TestServer, before: &HostAudit, lost_before: u32) {
     server.stop().await;
-    let after = audit_status();
-    let log = || server.log_tail(40);
-    assert_eq!(after.enabled, before.enabled, "audit `enabled` was not restored; log:\n{}", log());
-    assert_eq!(after.backlog_limit, before.backlog_limit, "the backlog limit was not restored; log:\n{}", log());
-    assert_eq!(after.failure, before.failure, "the failure mode changed");
-    assert_eq!(after.lost, before.lost, "the kernel lost audit records; log:\n{}", log());
-    assert_eq!(after.pid, 0, "a daemon pid is left registered; log:\n{}", log());
+    let after = host_audit();
+    assert_eq!(&after, before, "the host's audit state was not restored; log:\n{}", server.log_tail(40));
+    assert_eq!(audit_status().lost, lost_before, "the kernel lost audit records; log:\n{}", server.log_tail(40));
+}
+
+/// A server with the default `--landlock-audit` (no flag).
+async fn default_server() -> TestServer {
+    TestServer::start_launched(Launch { default_landlock_audit: true, ..Launch::default() }).await
+}
+
+async fn stats(server: &TestServer) -> NodeStats {
+    let (status, body) = server.call(Method::GET, "/v1/stats", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    serde_json::from_value(body).expect("NodeStats")
 }
 
 async fn events(server: &TestServer, id: &str) -> SecurityEventList {
@@ -138,13 +225,18 @@ async fn sandbox_in_rollout(server: &TestServer) -> String {
 }
 
 #[tokio::test]
-async fn a_refused_read_becomes_a_landlock_event_and_audit_is_restored() {
+async fn by_default_a_refused_read_becomes_a_landlock_event_and_audit_is_restored() {
     let _one = AUDIT.lock().await;
     let before = before();
+    let _restore = RestoreOnPanic(before.clone());
+    let lost = audit_status().lost;
     let noise_before = audit_noise();
-    let mut server = TestServer::start_with(&["--landlock-audit", "on"]).await;
-    assert_registered(&server);
+    let mut server = default_server().await;
+    assert_registered(&server, &before);
     assert!(server.data_dir().join("landlock-audit.json").is_file(), "the takeover is not written down");
+    let shown = stats(&server).await.landlock_events;
+    assert!(shown.available, "{shown:?}");
+    assert!(shown.detail.contains("audit daemon"), "{shown:?}");
 
     let id = sandbox_in_rollout(&server).await;
     let r = server.sh(&id, "cat /work/answers/key").await;
@@ -154,14 +246,9 @@ async fn a_refused_read_becomes_a_landlock_event_and_audit_is_restored() {
 
     let event = landlock_event(&server, &id, "/work/answers/key").await;
     assert_eq!(event.detail, "fs.read_file /work/answers/key", "{event:?}");
-    assert_eq!((event.comm.as_str(), event.syscall.as_str()), ("cat", "openat"), "{event:?}");
-
-    // A refused process that still lives when its records are read is
-    // named by its pid inside the sandbox (`cat` above may be gone: pid 0).
-    let pid = server.sh_ok(&id, "sh -c 'read x < /work/answers/key; exec sleep 600' >/dev/null 2>&1 & echo $!").await;
-    let pid: i32 = pid.trim().parse().expect("the background shell's pid");
-    let event = landlock_event_after(&server, &id, "/work/answers/key", event.seq).await;
-    assert_eq!((event.comm.as_str(), event.pid), ("sh", pid), "{event:?}");
+    // Under the `never,task` rule the sandbox's processes have no audit
+    // context: no AUDIT_SYSCALL record names the refused process.
+    assert_eq!((event.pid, event.comm.as_str(), event.syscall.as_str()), (0, "", ""), "{event:?}");
 
     // A burst: every refusal is counted, none is lost to the kernel log
     // (checked below) or dropped for want of backlog.
@@ -181,7 +268,8 @@ async fn a_refused_read_becomes_a_landlock_event_and_audit_is_restored() {
 
     let (status, body) = server.call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    stop_and_assert_restored(&mut server, &before).await;
+    stop_and_assert_restored(&mut server, &before, lost).await;
+    assert!(!server.data_dir().join("landlock-audit.json").exists(), "the takeover file outlived a clean stop");
     server.finish().await;
     let new_noise: Vec<String> = audit_noise().difference(&noise_before).cloned().collect();
     assert!(new_noise.is_empty(), "audit records reached the kernel log: {new_noise:?}");
@@ -191,19 +279,85 @@ async fn a_refused_read_becomes_a_landlock_event_and_audit_is_restored() {
 async fn a_restart_after_a_crash_restores_audit() {
     let _one = AUDIT.lock().await;
     let before = before();
-    let mut server = TestServer::start_with(&["--landlock-audit", "on"]).await;
-    assert_registered(&server);
+    let _restore = RestoreOnPanic(before.clone());
+    let lost = audit_status().lost;
+    let mut server = default_server().await;
+    assert_registered(&server, &before);
     let crashed = server.server_pid();
     server.crash().await;
-    // What a crash leaves: audit still enabled; the dead daemon's pid is
-    // dropped by the kernel the next time it has a record to send.
-    let left = audit_status();
+    // What a crash leaves: audit still enabled, the rule still in force; the
+    // dead daemon's pid is dropped by the kernel the next time it has a
+    // record to send.
+    let left = host_audit();
     assert_eq!(left.enabled, 1, "audit was disabled without a clean stop?");
     assert!(left.pid == 0 || Some(left.pid) == crashed, "{left:?}");
+    assert!(left.rules.iter().any(AuditRule::is_task_never), "the rule went without a clean stop? {left:?}");
 
     server.launch().await;
-    assert_registered(&server);
-    stop_and_assert_restored(&mut server, &before).await;
+    assert_registered(&server, &before);
+    stop_and_assert_restored(&mut server, &before, lost).await;
+
+    // A crash, and a restart with `off`: what the crash left is undone too.
+    server.launch().await;
+    assert_registered(&server, &before);
+    server.crash().await;
+    assert!(server.data_dir().join("landlock-audit.json").is_file());
+    // Same data dir, now with the harness's `--landlock-audit off`.
+    server.set_default_landlock_audit(false);
+    server.launch().await;
+    let after = HostAudit { pid: 0, ..host_audit() };
+    assert_eq!(after, before, "an `off` start did not undo a crashed node's audit settings");
+    let shown = stats(&server).await.landlock_events;
+    assert_eq!((shown.available, shown.detail.as_str()), (false, "--landlock-audit off"));
+    server.stop().await;
+    assert_eq!(audit_status().lost, lost, "the kernel lost audit records");
+    server.finish().await;
+}
+
+/// Where audit cannot be had (here: no `CAP_AUDIT_CONTROL`), the default
+/// runs without Landlock events and says so; `on` refuses to start.
+#[tokio::test]
+async fn without_cap_audit_control_auto_degrades_and_on_refuses() {
+    let _one = AUDIT.lock().await;
+    let before = before();
+    let _restore = RestoreOnPanic(before.clone());
+    // `setpriv` drops the capability from the bounding set, so the exec'd
+    // root server has it in no set.
+    let no_cap: Vec<String> =
+        ["setpriv", "--bounding-set=-audit_control", "--inh-caps=-audit_control", "--"].map(String::from).to_vec();
+    let mut server = TestServer::start_launched(Launch {
+        prefix: no_cap.clone(),
+        default_landlock_audit: true,
+        ..Launch::default()
+    })
+    .await;
+    let shown = stats(&server).await.landlock_events;
+    assert!(!shown.available, "{shown:?}");
+    assert!(shown.detail.starts_with("audit cannot be enabled"), "{shown:?}");
+    assert!(server.log_tail(200).contains("landlock denials are NOT security events"), "no warning in the log");
+    assert_eq!(host_audit(), HostAudit { pid: audit_status().pid, ..before }, "the host's audit state changed");
+    server.stop().await;
+
+    let data = server.path().join("data-on");
+    let instance = format!("{}-on", server.instance);
+    let out = Command::new(no_cap[0].as_str())
+        .args(&no_cap[1..])
+        .arg(warren_binary())
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0", "--instance", &instance])
+        .args(["--landlock-audit", "on"])
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run warren serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "`--landlock-audit on` started without CAP_AUDIT_CONTROL: {stderr}");
+    assert!(stderr.contains("audit"), "the refusal does not say why: {stderr}");
+    let leaks = warren_tests::leaks::Leaks::scan(&data, &instance);
+    assert!(leaks.is_empty(), "the server that refused to start left behind:\n{leaks}");
+    warren_tests::leaks::remove_instance_dirs(&instance);
+    let _ = std::fs::remove_dir_all(&data);
     server.finish().await;
 }
 
@@ -215,15 +369,14 @@ struct FakeDaemon {
 }
 
 impl FakeDaemon {
-    fn start(before: &AuditStatus) -> FakeDaemon {
+    fn start(enabled_before: u32) -> FakeDaemon {
         let mut socket = AuditSocket::open().expect("open an audit socket");
         socket.set_pid(std::process::id()).expect("register the test as the audit daemon");
-        if before.enabled == 0 {
+        if enabled_before == 0 {
             socket.set_enabled(1).expect("enable audit");
         }
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
-        let enabled_before = before.enabled;
         let thread = std::thread::spawn(move || {
             while !flag.load(std::sync::atomic::Ordering::SeqCst) {
                 let _ = socket.recv();
@@ -267,10 +420,13 @@ impl Drop for FakeDaemon {
 async fn with_another_audit_daemon_the_server_only_listens() {
     let _one = AUDIT.lock().await;
     let before = before();
+    let _restore = RestoreOnPanic(before.clone());
     let noise_before = audit_noise();
-    let daemon = FakeDaemon::start(&before);
-    // `auto`: audit is enabled now, so the server reads the read-log group.
-    let mut server = TestServer::start_with(&["--landlock-audit", "auto"]).await;
+    let daemon = FakeDaemon::start(before.enabled);
+    // The default: a daemon runs, so the server reads the read-log group.
+    let mut server = default_server().await;
+    let shown = stats(&server).await.landlock_events;
+    assert!(shown.available && shown.detail.contains("read-log"), "{shown:?}");
     let id = sandbox_in_rollout(&server).await;
     let r = server.sh(&id, "cat /work/answers/key").await;
     assert!(stderr(&r).contains("Permission denied"), "not EACCES: {r:?}");
@@ -283,11 +439,11 @@ async fn with_another_audit_daemon_the_server_only_listens() {
     let now = audit_status();
     assert_eq!(now.pid, std::process::id(), "the server touched another daemon's registration");
     assert_eq!(now.enabled, 1, "the server disabled another daemon's audit");
+    assert_eq!(audit_rules(), before.rules, "the server changed another daemon's rules");
     assert!(!server.data_dir().join("landlock-audit.json").exists(), "a listener recorded a takeover");
 
     daemon.stop();
-    let after = audit_status();
-    assert_eq!((after.enabled, after.pid, after.backlog_limit), (before.enabled, 0, before.backlog_limit));
+    assert_eq!(host_audit(), before);
     server.finish().await;
     let new_noise: Vec<String> = audit_noise().difference(&noise_before).cloned().collect();
     assert!(new_noise.is_empty(), "audit records reached the kernel log: {new_noise:?}");

@@ -48,7 +48,7 @@ pub async fn start_node(lab: &Lab, i: usize, etcd: &EtcdCluster, token: &str, ex
         prefix: lab.enter(i),
         listen: Some(format!("{}:0", lab.node_ip(i))),
         headers: vec![(TOKEN_HEADER.into(), TOKEN.into())],
-        no_image: false,
+        ..Launch::default()
     })
     .await
 }

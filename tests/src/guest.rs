@@ -1,6 +1,6 @@
 //! What the VM suites (`microvm`, `vm`, `parity`) share: the host check
 //! they need, pause and resume, the check that a deleted VM left nothing,
-//! and the full-VM suites' systemd image.
+//! the drivers' snapshots, and the full-VM suites' systemd image.
 
 use std::path::Path;
 
@@ -20,6 +20,35 @@ pub fn require_qemu_and_kernel(suite: &str) {
         "the {suite} tests need qemu-system-x86 (found: {qemu}) and a Debian cloud kernel in /boot (found: {kernel}); \
          run scripts/setup-host.sh"
     );
+}
+
+/// One round of a pause to disk: `POST .../pause?to_disk=true` leaves the
+/// memory file `mem` and no QEMU of `vm_instance` running; then round 0
+/// resumes it through its next exec, later rounds with `POST .../resume`,
+/// and `check` (run in the guest) must answer `want` again, with the
+/// memory file gone.
+pub async fn disk_pause_round(
+    server: &TestServer,
+    id: &str,
+    round: usize,
+    (mem, vm_instance): (&Path, &str),
+    (check, want): (&str, &str),
+) {
+    let (status, info) =
+        server.call(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/pause?to_disk=true"), None).await;
+    assert_eq!(status.as_u16(), 200, "{info}\nlog:\n{}", server.log_tail(30));
+    assert_eq!(info["state"], "paused", "{info}");
+    assert!(mem.is_file(), "round {round}: no memory file {}", mem.display());
+    assert_eq!(leaks::instance_processes(vm_instance), vec![], "QEMU runs while paused to disk");
+    assert_eq!(server.get(id).await.state, SandboxState::Paused, "the probe leaves it paused");
+    if round == 0 {
+        assert_eq!(server.sh_ok(id, check).await, want, "the next exec resumes it from disk");
+    } else {
+        pause_or_resume(server, id, "resume", SandboxState::Running).await;
+        assert_eq!(server.sh_ok(id, check).await, want);
+    }
+    assert_eq!(server.get(id).await.state, SandboxState::Running);
+    assert!(!mem.exists(), "the memory file outlives the resume");
 }
 
 /// `POST .../pause` or `.../resume`, asserting the state it answers.
@@ -83,4 +112,35 @@ pub async fn import_systemd_image(server: &TestServer) {
         .call(reqwest::Method::POST, "/v1/images", Some(&serde_json::json!({"name": SYSTEMD_IMAGE, "dir": rootfs})))
         .await;
     assert_eq!(status.as_u16(), 201, "importing the systemd image: {body}");
+}
+
+/// The run directory of `backend`'s driver in the server's data directory.
+pub fn vm_data_dir(server: &TestServer, backend: Backend) -> std::path::PathBuf {
+    match backend {
+        Backend::Vm => server.data_dir().join("fullvm"),
+        _ => server.data_dir().join("vm"),
+    }
+}
+
+/// The complete snapshots of booted guests `backend`'s driver holds.
+pub fn ready_snapshots(server: &TestServer, backend: Backend) -> Vec<std::path::PathBuf> {
+    leaks::dir_entries(&vm_data_dir(server, backend).join(".snapshots"))
+        .into_iter()
+        .filter(|d| d.join("meta.json").is_file())
+        .collect()
+}
+
+/// Waits (bounded by a count, not a clock: a template boot under TCG on a
+/// loaded machine takes what it takes) until `n` snapshots are complete.
+pub async fn wait_for_snapshots(server: &TestServer, backend: Backend, n: usize) -> Vec<std::path::PathBuf> {
+    for _ in 0..2400 {
+        let ready = ready_snapshots(server, backend);
+        if ready.len() >= n {
+            return ready;
+        }
+        let log = server.log_tail(40);
+        assert!(!log.contains("cannot build a VM snapshot"), "the snapshot build failed; log:\n{log}");
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    panic!("no VM snapshot was built; log:\n{}", server.log_tail(40));
 }

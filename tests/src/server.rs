@@ -48,6 +48,8 @@ pub struct TestServer {
     prefix: Vec<String>,
     listen: String,
     headers: Vec<(String, String)>,
+    /// [`Launch::default_landlock_audit`].
+    default_landlock_audit: bool,
 }
 
 /// How a [`TestServer`] is launched beyond the defaults (loopback, the
@@ -64,6 +66,12 @@ pub struct Launch {
     /// Do not import the busybox image (a server that holds no images,
     /// like a cluster's API server).
     pub no_image: bool,
+    /// Start without `--landlock-audit off`, i.e. with the server's default,
+    /// which makes it the host's audit daemon. Every other test server is
+    /// `off` (unless its own args say otherwise): many run at once, some are
+    /// SIGKILLed, and the adversarial suite checks the kernel log for audit
+    /// records; `tests/security/landlock_audit.rs` covers the default.
+    pub default_landlock_audit: bool,
 }
 
 /// A client sending `headers` (name, value) on every request.
@@ -139,6 +147,7 @@ impl TestServer {
             prefix: launch.prefix,
             listen: launch.listen.unwrap_or_else(|| "127.0.0.1:0".into()),
             headers: launch.headers,
+            default_landlock_audit: launch.default_landlock_audit,
         };
         server.launch().await;
         if launch.no_image {
@@ -204,6 +213,7 @@ impl TestServer {
             .arg(&data_dir)
             .args(["--listen", &self.listen, "--instance", &self.instance])
             .args(&self.extra_args)
+            .args(self.landlock_audit_args())
             .env("WARREN_LOG", std::env::var("WARREN_LOG").unwrap_or_else(|_| "info".into()))
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -219,6 +229,23 @@ impl TestServer {
             headers.push((reqwest::header::AUTHORIZATION.to_string(), format!("Bearer {key}")));
             self.http = http_client(&headers);
             self.admin_key = Some(key);
+        }
+    }
+
+    /// Whether the next [`TestServer::launch`] keeps the server's default
+    /// `--landlock-audit` ([`Launch::default_landlock_audit`]) or adds `off`.
+    pub fn set_default_landlock_audit(&mut self, default: bool) {
+        self.default_landlock_audit = default;
+    }
+
+    /// `--landlock-audit off` unless the test asked for the default or set
+    /// the flag itself.
+    fn landlock_audit_args(&self) -> &'static [&'static str] {
+        let set = self.extra_args.iter().any(|a| a == "--landlock-audit" || a.starts_with("--landlock-audit="));
+        if set || self.default_landlock_audit {
+            &[]
+        } else {
+            &["--landlock-audit", "off"]
         }
     }
 

@@ -247,7 +247,9 @@ async fn run(args: Args) -> Res<()> {
     let n = args.samples;
 
     eprintln!("function calls (python)...");
+    let load_before = loadavg();
     let mut timings: Vec<Value> = Vec::new();
+    let mut forked = 0;
     let lat_fn = {
         let mut out = Vec::new();
         for i in 0..n + 5 {
@@ -256,6 +258,7 @@ async fn run(args: Args) -> Res<()> {
             if i >= 5 {
                 out.push(t.elapsed());
                 timings.push(v["timings"].clone());
+                forked += usize::from(v["forked"] == json!(true));
             }
             // Sequential latency with the pool at its steady state: the
             // refill of the last call's worker is not what is measured.
@@ -394,7 +397,12 @@ async fn run(args: Args) -> Res<()> {
         };
         let _ = writeln!(report, "| {name} | {} | {} | {r} | {f} |", ms(lat.pct(50.0)), ms(lat.pct(99.0)));
     }
-    let _ = writeln!(report, "\nServer-side split of a python function call (means): {split}.\n");
+    let _ = writeln!(report, "\nServer-side split of a python function call (means): {split}; {forked} of the {n} sequential python calls were served by the fork server (`forked`).\n");
+    let _ = writeln!(
+        report,
+        "Load average (1, 5, 15 min) before the function calls: {load_before}; at the end: {}.\n",
+        loadavg()
+    );
     let _ = writeln!(
         report,
         "Targets: p50 <= 5 ms end to end: **{}** ({} ms); >= 500 calls/s: **{}** ({fn_rate:.1}/s).",
@@ -407,6 +415,13 @@ async fn run(args: Args) -> Res<()> {
     println!("{report}");
     eprintln!("written to {}", out.display());
     Ok(())
+}
+
+/// The first three fields of `/proc/loadavg`: the machine is shared.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(", "))
+        .unwrap_or_default()
 }
 
 fn server_command(args: &Args) -> String {

@@ -123,7 +123,8 @@ pub struct NodeBooks {
     /// Memory the node admits against (`--max-memory-mib`); absent: unbounded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_mib_max: Option<u64>,
-    /// Memory of running (not paused) sandboxes and of creates under way.
+    /// Memory of running (not paused) sandboxes, of creates under way and
+    /// of a driver's own guests (a VM snapshot template while it is built).
     pub memory_mib_committed: u64,
     /// Memory of paused sandboxes: not counted against `memory_mib_max`.
     pub memory_mib_reclaimable: u64,

@@ -18,7 +18,9 @@ pub enum SecurityEventKind {
     PhaseChanged,
     /// The sandbox hit a resource limit (memory, pids, disk, inodes).
     LimitHit,
-    /// An attempt to change a protected or platform file.
+    /// An access to a protected path that the current phase forbids, by a
+    /// process an earlier phase left running, refused by the node's tamper
+    /// watch (fanotify; EPERM).
     Tamper,
 }
 

@@ -277,6 +277,10 @@ pub struct FunctionResult {
     pub timings: FunctionTimings,
     /// The worker came from the warm pool (false: made for this call).
     pub warm_worker: bool,
+    /// A python call served by a fork of the pool's warm interpreter
+    /// instead of a one-use worker (see `docs/architecture.md`).
+    #[serde(default)]
+    pub forked: bool,
 }
 
 /// One warm pool of function workers, as `GET /v1/functions/pools` shows it.
@@ -297,6 +301,10 @@ pub struct FunctionPoolInfo {
     pub waiting: u64,
     /// Idle workers wanted now: recent peak demand within `min..=max`.
     pub target: u64,
+    /// Idle python fork servers (made once the pool's first python call
+    /// came; their number follows the python calls' demand the same way).
+    #[serde(default)]
+    pub idle_fork_servers: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -560,6 +560,13 @@ pub struct BlobStoreStats {
     pub bytes_uploaded: u64,
     /// Chunks a push found already stored and did not send.
     pub chunks_deduplicated: u64,
+    /// Verified pieces fetched (layers with piece digests: a read miss
+    /// fetches pieces of a chunk, not the whole chunk).
+    #[serde(default)]
+    pub pieces_fetched: u64,
+    /// Ranged GETs those pieces took (neighbouring pieces share one).
+    #[serde(default)]
+    pub range_requests: u64,
 }
 
 /// `GET /v1/images/stats`: what lazy loading fetched and served.

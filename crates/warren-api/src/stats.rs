@@ -56,11 +56,13 @@ pub struct NodeCapacity {
     pub sandboxes_used: u64,
     /// CPUs of the host.
     pub cpus_total: f64,
-    /// CPUs the live sandboxes asked for.
+    /// CPUs the live sandboxes asked for, plus those a driver holds for
+    /// its own guests (a VM snapshot template while it is built).
     pub cpus_used: f64,
     /// Memory of the host.
     pub memory_total_bytes: u64,
-    /// Memory the live sandboxes asked for.
+    /// Memory the live sandboxes asked for, plus what a driver holds for
+    /// its own guests (a VM snapshot template while it is built).
     pub memory_used_bytes: u64,
 }
 
@@ -103,4 +105,19 @@ pub struct NodeStats {
     pub queue_depth: u64,
     /// Idle warm-pool members by image (every configured pool, zero included).
     pub pool_idle: BTreeMap<String, u64>,
+    /// Whether Landlock's refusals become `landlock` events here
+    /// (`warren serve --landlock-audit`), and if not, why.
+    #[serde(default)]
+    pub landlock_events: LandlockEvents,
+}
+
+/// Whether the node reads Landlock's refusals (kernel audit records).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, Default)]
+pub struct LandlockEvents {
+    /// True while refusals become `landlock` security events.
+    pub available: bool,
+    /// How the node gets the records (e.g. `registered as the audit
+    /// daemon`), or why there are none (`--landlock-audit off`, the
+    /// kernel's refusal to enable audit).
+    pub detail: String,
 }

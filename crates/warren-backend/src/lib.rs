@@ -153,6 +153,30 @@ pub struct NetworkTarget {
 /// the host uid/gid that the sandbox's root maps to (new files get them).
 pub use warren_init::files::FsRoot;
 
+/// The node's capacity books as a driver sees them: a driver that runs
+/// something of its own beside the sandboxes (the microVM driver's
+/// snapshot template guests) reserves its memory and CPUs here, so that
+/// admission, `GET /v1/capacity` and `GET /v1/stats` count it like a
+/// create under way.
+pub trait HostBooks: Send + Sync {
+    /// Reserves `memory_mib` and `cpus` if they fit the node now and no
+    /// create waits for room (a driver's own work never overtakes one);
+    /// `None` otherwise. Held until the [`Reservation`] is dropped.
+    fn reserve(&self, memory_mib: u64, cpus: f64) -> Option<Reservation>;
+}
+
+/// Room held in the node's books ([`HostBooks::reserve`]) until dropped.
+pub struct Reservation {
+    _release: Box<dyn Send + Sync>,
+}
+
+impl Reservation {
+    /// `release` gives the room back when it is dropped.
+    pub fn new(release: impl Send + Sync + 'static) -> Reservation {
+        Reservation { _release: Box::new(release) }
+    }
+}
+
 #[async_trait]
 pub trait Driver: Send + Sync {
     fn backend(&self) -> Backend;
@@ -254,6 +278,13 @@ pub trait Driver: Send + Sync {
     /// The node's images changed (one was imported, replaced, removed or
     /// collected): a driver drops what it derived from images now gone.
     fn images_changed(&self) {}
+
+    /// Hands the driver the node's capacity books, for work of its own that
+    /// holds host memory and CPUs outside any sandbox (see [`HostBooks`]).
+    /// Called once, when the node starts.
+    fn attach_books(&self, books: std::sync::Arc<dyn HostBooks>) {
+        let _ = books;
+    }
 
     /// Lets a paused sandbox run again; a no-op on one that is not paused.
     /// Must be quick: the node calls it inline when a request reaches a

@@ -26,13 +26,16 @@
 //! kernel, the initramfs and its disks.
 //! Pause and resume are QMP `stop` / `cont` on `qmp.sock` in the run
 //! directory ([`qmp`]); a paused VM probes alive while its QEMU lives,
-//! without a ping. A pause to disk ([`Driver::pause_to_disk`], microVMs)
-//! migrates the stopped guest into `paused.mem` through a descriptor passed
-//! over QMP (QEMU 7.2 has no `file:` migration, `savevm` needs qcow2 disks)
-//! and ends QEMU; `resume` starts QEMU on the file (`-incoming fd:3`) with
-//! a new mux. Snapshot boot ([`snapshot`], `MicroVmConfig::snapshots`)
-//! restores a snapshot of a booted guest of the same image and shape
-//! instead of booting. Every VM gets its writable disk as inherited
+//! without a ping. A pause to disk ([`Driver::pause_to_disk`], both
+//! machines) migrates the stopped guest into `paused.mem` through a
+//! descriptor passed over QMP (QEMU 7.2 has no `file:` migration, `savevm`
+//! needs qcow2 disks) and ends QEMU; `resume` starts QEMU on the file
+//! (`-incoming fd:3`), tells the guest the time over the port (its clock
+//! stood still on disk) and starts a new mux. Snapshot boot ([`snapshot`],
+//! `MicroVmConfig::snapshots`, both machines) restores a snapshot of a
+//! booted guest of the same image and shape instead of booting; the
+//! template guest it is made from is reserved in the node's books
+//! ([`Driver::attach_books`]). Every VM gets its writable disk as inherited
 //! descriptors (see [`qemu::VmSpec::writable_by_fd`]) so that migrations
 //! work from QEMU's chroot.
 //! Not yet: phases with protected paths, pack_diff, egress networking,
@@ -98,7 +101,7 @@ pub struct MicroVmConfig {
     pub cgroup_instance: String,
     pub accel: AccelChoice,
     pub machine: Machine,
-    /// Snapshot boot (`--vm-snapshots on`; `-M microvm` only): creates
+    /// Snapshot boot (`--vm-snapshots on`): creates
     /// restore a snapshot of a booted guest of the same image and shape
     /// (see [`snapshot`]).
     pub snapshots: bool,
@@ -201,6 +204,9 @@ struct Launch {
     memory_mib: u64,
     /// On the kernel command line (a snapshot's clones keep the template's).
     hostname: String,
+    /// The sandbox's hostname: told the guest again with the time after a
+    /// restore from disk.
+    name: String,
     accel: Accel,
     /// The mux's first stream id: past every id the guest has seen.
     first_stream: u32,
@@ -322,7 +328,7 @@ impl MicroVmDriver {
 
     /// Starts the guest saved in `paused.mem` again, stopped, with a new
     /// mux; then lets it run.
-    fn restore_from_disk(&self, id: &str, launch: Launch) -> Result<Running> {
+    fn restore_from_disk(&self, id: &str, mut launch: Launch) -> Result<Running> {
         let mem_path = self.dir(id).join(PAUSED_MEM);
         let mem = fs::File::open(&mem_path).map_err(|e| BackendError::io(format!("open {}", mem_path.display()), e))?;
         let mut child = self.respawn(id, &launch, &mem)?;
@@ -333,14 +339,15 @@ impl MicroVmDriver {
             let pid = child.id().ok_or_else(|| BackendError::Setup("QEMU exited at once".into()))?;
             self.cgroup(id)?.add_pid(pid as i32).map_err(cgroup_err)?;
             qmp::wait_incoming(&self.qmp_sock(id), DISK_PAUSE_TIMEOUT)?;
-            let mux = mux::start_blocking(
-                &self.dir(id).join("port.sock"),
-                &self.ctl_sock(id),
-                Duration::from_secs(10),
-                launch.first_stream,
-            )?;
+            let mut port = mux::connect_blocking(&self.dir(id).join("port.sock"), Duration::from_secs(10))?;
             qmp::cont(&self.qmp_sock(id))?;
-            Ok(mux)
+            // The guest's clock stood still on disk. Told before the mux
+            // takes the port, so no exec sees the old time; a guest that
+            // runs again is not failed over its clock.
+            if let Err(e) = snapshot::identify_on_port(&mut port, &mut launch.first_stream, &launch.name) {
+                tracing::warn!(sandbox = %id, "a guest restored from disk keeps its stale clock: {e}");
+            }
+            mux::serve_blocking(port, &self.ctl_sock(id), launch.first_stream)
         })();
         match started {
             Ok(mux) => {
@@ -418,6 +425,7 @@ impl MicroVmDriver {
             vcpus: vcpus(spec),
             memory_mib: spec.resources.memory_mib,
             hostname: spec.hostname.clone(),
+            name: spec.hostname.clone(),
             accel,
             first_stream: 1,
         };
@@ -466,11 +474,7 @@ impl MicroVmDriver {
     }
 
     async fn wait_ready(&self, child: &mut Child, serial_sock: &Path, ctl_sock: &Path) -> Result<mux::Mux> {
-        let limit = match self.config.machine {
-            Machine::Micro => BOOT_DEADLINE,
-            Machine::Q35 => FULL_BOOT_DEADLINE,
-        };
-        wait_ready(child, serial_sock, ctl_sock, limit).await
+        wait_ready(child, serial_sock, ctl_sock, boot_deadline(self.config.machine)).await
     }
 
     /// What a snapshot of this sandbox's image and shape is made from.
@@ -480,6 +484,7 @@ impl MicroVmDriver {
             kernel: self.config.kernel.clone(),
             initramfs: self.initramfs().await?.to_path_buf(),
             accel: self.accel().await?,
+            machine: self.config.machine,
             jail: self.config.run_dir.join(".jail"),
             cgroup_instance: self.config.cgroup_instance.clone(),
             image_layers: spec.layers.clone(),
@@ -501,7 +506,7 @@ impl MicroVmDriver {
         dir: &Path,
         cgroup: &SandboxCgroup,
     ) -> Result<(Running, Accel, VmBoot)> {
-        if self.config.snapshots && self.config.machine == Machine::Micro {
+        if self.config.snapshots {
             let template = self.template(spec).await;
             let keyed = template.and_then(|t| self.snapshots.key(&t).map(|key| (t, key)));
             match keyed {
@@ -693,9 +698,6 @@ impl Driver for MicroVmDriver {
     /// other process and all memory state (tmpfs, caches) stay as they are.
     fn pause_to_disk(&self, handle: &SandboxHandle) -> Result<()> {
         let _ = self.state(handle)?;
-        if self.config.machine != Machine::Micro {
-            return Err(BackendError::Unsupported(self.backend().as_str(), "pause to disk"));
-        }
         if self.on_disk().contains_key(&handle.id) {
             return Ok(());
         }
@@ -793,6 +795,11 @@ impl Driver for MicroVmDriver {
         self.snapshots.prune();
     }
 
+    /// Snapshot template guests are counted there while they live.
+    fn attach_books(&self, books: std::sync::Arc<dyn crate::HostBooks>) {
+        self.snapshots.attach_books(books);
+    }
+
     fn boot(&self, handle: &SandboxHandle) -> Option<VmBoot> {
         self.state(handle).ok().and_then(|s| s.boot)
     }
@@ -851,6 +858,13 @@ impl Driver for MicroVmDriver {
             return Ok(());
         }
         SandboxCgroup::remove_instance(&self.config.cgroup_instance).map_err(cgroup_err)
+    }
+}
+
+fn boot_deadline(machine: Machine) -> Duration {
+    match machine {
+        Machine::Micro => BOOT_DEADLINE,
+        Machine::Q35 => FULL_BOOT_DEADLINE,
     }
 }
 

@@ -29,7 +29,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 use serde_json::Value;
 use warren_api::{
-    Backend, CreateLatency, EndReason, ImageFetchStats, NodeCapacity, NodeStats, NodeStatus, SandboxCount,
+    Backend, CreateLatency, EndReason, ImageFetchStats, LandlockEvents, NodeCapacity, NodeStats, NodeStatus,
+    SandboxCount,
 };
 use warren_node::metrics::Format;
 
@@ -384,6 +385,7 @@ pub fn merge_stats(parts: &[NodeStats], queued: u64, lost: u64, time_ms: u64) ->
         images: ImageFetchStats::default(),
         queue_depth: queued,
         pool_idle: BTreeMap::new(),
+        landlock_events: LandlockEvents::default(),
     };
     for part in parts {
         for c in &part.sandboxes {
@@ -420,9 +422,25 @@ pub fn merge_stats(parts: &[NodeStats], queued: u64, lost: u64, time_ms: u64) ->
     if lost > 0 {
         *out.ends.entry(EndReason::NodeLost).or_default() += lost;
     }
+    out.landlock_events = merge_landlock_events(parts);
     out.sandboxes = sandboxes.into_values().collect();
     out.create_latency = latency.into_values().collect();
     out
+}
+
+/// Available only when every node has them: a refusal on a node without
+/// them would go unseen. The detail is the nodes' reasons for not having them.
+fn merge_landlock_events(parts: &[NodeStats]) -> LandlockEvents {
+    let missing: std::collections::BTreeSet<&str> =
+        parts.iter().filter(|p| !p.landlock_events.available).map(|p| p.landlock_events.detail.as_str()).collect();
+    match (parts.first(), missing.is_empty()) {
+        (None, _) => LandlockEvents { available: false, detail: "no node answered".into() },
+        (Some(first), true) => LandlockEvents { available: true, detail: first.landlock_events.detail.clone() },
+        (Some(_), false) => LandlockEvents {
+            available: false,
+            detail: format!("not on every node: {}", missing.into_iter().collect::<Vec<_>>().join("; ")),
+        },
+    }
 }
 
 fn add_all<K: Ord + Clone>(into: &mut BTreeMap<K, u64>, from: &BTreeMap<K, u64>) {
@@ -505,6 +523,21 @@ mod tests {
         assert_eq!(merged.security_events[&SecurityEventKind::Seccomp], 2);
         assert_eq!(merged.pool_idle["busybox"], 2);
         assert_eq!(merged.queue_depth, 4, "both nodes' queues and the API server's own line");
+    }
+
+    #[test]
+    fn landlock_events_are_available_only_when_every_node_has_them() {
+        let with = |available: bool, detail: &str| {
+            let mut s = stats(1, 1, 0.1);
+            s.landlock_events = LandlockEvents { available, detail: detail.into() };
+            s
+        };
+        let daemon = "registered as the audit daemon";
+        let both = merge_stats(&[with(true, daemon), with(true, daemon)], 0, 0, 1).landlock_events;
+        assert_eq!(both, LandlockEvents { available: true, detail: daemon.into() });
+        let one = merge_stats(&[with(true, daemon), with(false, "--landlock-audit off")], 0, 0, 1).landlock_events;
+        assert_eq!(one, LandlockEvents { available: false, detail: "not on every node: --landlock-audit off".into() });
+        assert!(!merge_stats(&[], 0, 0, 1).landlock_events.available);
     }
 
     #[test]

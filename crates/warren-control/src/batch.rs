@@ -144,7 +144,7 @@ pub async fn create_batch(
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct PauseQuery {
-    /// `microvm`: write the guest's memory to disk and stop its QEMU (the
+    /// `microvm`, `vm`: write the guest's memory to disk and stop its QEMU (the
     /// memory is freed); the resume loads it back. Running execs end (their
     /// processes are killed); every other process and file stays. Other
     /// backends answer 501 `unsupported`.

@@ -10,9 +10,14 @@
 //! it), and, when the task has an audit context, `AUDIT_SYSCALL` (the
 //! refused process's pid and comm) and `AUDIT_EOE` (end of the event).
 //!
+//! Without an audit context (a task created under a `never,task` rule, see
+//! [`AuditRule::task_never`]) there is no `AUDIT_SYSCALL` or `AUDIT_EOE`,
+//! and each record gets a serial of its own: records must then be read one
+//! by one, not grouped by serial.
+//!
 //! Never: touches the `failure` mode (2 would panic the host on a lost
-//! record) or the audit rules. The parser is pure; only [`AuditSocket`]
-//! makes system calls.
+//! record). Rules: lists them, and adds or deletes only the rule it is
+//! given. The parser is pure; only [`AuditSocket`] makes system calls.
 
 use std::collections::VecDeque;
 use std::io;
@@ -23,6 +28,12 @@ use std::time::Duration;
 pub const AUDIT_GET: u16 = 1000;
 /// `AUDIT_SET`: change the status fields named by the mask.
 pub const AUDIT_SET: u16 = 1001;
+/// `AUDIT_ADD_RULE`, `AUDIT_DEL_RULE`, `AUDIT_LIST_RULES`: one
+/// `struct audit_rule_data` each (the list answers with one message per
+/// rule, then `NLMSG_DONE`).
+pub const AUDIT_ADD_RULE: u16 = 1011;
+pub const AUDIT_DEL_RULE: u16 = 1012;
+pub const AUDIT_LIST_RULES: u16 = 1013;
 /// Sent by the kernel to a registered daemon to check that it still reads.
 pub const AUDIT_REPLACE: u16 = 1329;
 pub const AUDIT_SYSCALL: u16 = 1300;
@@ -35,6 +46,17 @@ pub const AUDIT_LANDLOCK_DOMAIN: u16 = 1424;
 /// `AUDIT_ARCH_X86_64` as `AUDIT_SYSCALL` records write it.
 const ARCH_X86_64: &str = "c000003e";
 const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+/// `AUDIT_FILTER_TASK`: rules checked once, when a task is created.
+pub const AUDIT_FILTER_TASK: u32 = 0x01;
+/// `AUDIT_NEVER`: the rule's tasks get no audit context.
+pub const AUDIT_NEVER: u32 = 0;
+/// `AUDIT_BITMASK_SIZE` and `AUDIT_MAX_FIELDS`.
+const RULE_MASK_WORDS: usize = 64;
+const RULE_MAX_FIELDS: usize = 64;
+/// `struct audit_rule_data` without its string buffer: flags, action,
+/// field_count, mask, fields, values, fieldflags, buflen.
+const RULE_LEN: usize = 4 * (3 + RULE_MASK_WORDS + 3 * RULE_MAX_FIELDS + 1);
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
 const NLMSG_HDRLEN: usize = 16;
@@ -67,6 +89,26 @@ pub enum AuditError {
     Refused { op: &'static str, errno: i32 },
     #[error("{op}: no answer from the kernel within {REPLY_TIMEOUT:?}")]
     NoReply { op: &'static str },
+}
+
+impl AuditError {
+    /// The errno the kernel refused a request with (`EEXIST`, `ENOENT`, `EPERM`).
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            AuditError::Refused { errno, .. } => Some(*errno),
+            _ => None,
+        }
+    }
+
+    /// `EEXIST`: a rule identical to the one added is in force already.
+    pub fn is_exists(&self) -> bool {
+        self.errno() == Some(libc::EEXIST)
+    }
+
+    /// `ENOENT`: no rule identical to the one deleted.
+    pub fn is_not_found(&self) -> bool {
+        self.errno() == Some(libc::ENOENT)
+    }
 }
 
 pub type Result<T, E = AuditError> = std::result::Result<T, E>;
@@ -198,6 +240,48 @@ impl AuditSocket {
         self.setsockopt(libc::SO_RCVTIMEO, &tv).map_err(io_err("setsockopt(SO_RCVTIMEO)"))
     }
 
+    /// `AUDIT_LIST_RULES`: every rule of every list, in the kernel's order.
+    pub fn list_rules(&mut self) -> Result<Vec<AuditRule>> {
+        let op = "AUDIT_LIST_RULES";
+        let seq = self.send(AUDIT_LIST_RULES, &[], op)?;
+        let deadline = std::time::Instant::now() + REPLY_TIMEOUT;
+        let mut rules = Vec::new();
+        let (mut acked, mut done) = (false, false);
+        // The rules come from a kernel thread of their own: the ack may
+        // arrive before or after them.
+        while !(acked && done) {
+            match self.reply(seq, deadline, op)? {
+                Reply::Ack => acked = true,
+                Reply::Message(NLMSG_DONE, _) => done = true,
+                Reply::Message(AUDIT_LIST_RULES, body) => rules.push(AuditRule::parse(&body)),
+                Reply::Message(..) => {}
+            }
+        }
+        Ok(rules)
+    }
+
+    /// `AUDIT_ADD_RULE`. `EEXIST` (as [`AuditError::Refused`]) when an
+    /// identical rule is in its list already.
+    pub fn add_rule(&mut self, rule: &AuditRule) -> Result<()> {
+        self.request_acked(AUDIT_ADD_RULE, &rule.data, "AUDIT_ADD_RULE")
+    }
+
+    /// `AUDIT_DEL_RULE`: deletes exactly the rule identical to `rule`;
+    /// `ENOENT` when there is none.
+    pub fn delete_rule(&mut self, rule: &AuditRule) -> Result<()> {
+        self.request_acked(AUDIT_DEL_RULE, &rule.data, "AUDIT_DEL_RULE")
+    }
+
+    fn request_acked(&mut self, kind: u16, body: &[u8], op: &'static str) -> Result<()> {
+        let seq = self.send(kind, body, op)?;
+        let deadline = std::time::Instant::now() + REPLY_TIMEOUT;
+        loop {
+            if let Reply::Ack = self.reply(seq, deadline, op)? {
+                return Ok(());
+            }
+        }
+    }
+
     /// `AUDIT_GET`.
     pub fn status(&mut self) -> Result<AuditStatus> {
         let seq = self.send(AUDIT_GET, &[], "AUDIT_GET")?;
@@ -231,13 +315,7 @@ impl AuditSocket {
     }
 
     fn set(&mut self, change: AuditStatusChange, op: &'static str) -> Result<()> {
-        let seq = self.send(AUDIT_SET, &change.encode(), op)?;
-        let deadline = std::time::Instant::now() + REPLY_TIMEOUT;
-        loop {
-            if let Reply::Ack = self.reply(seq, deadline, op)? {
-                return Ok(());
-            }
-        }
+        self.request_acked(AUDIT_SET, &change.encode(), op)
     }
 
     fn send(&mut self, kind: u16, body: &[u8], op: &'static str) -> Result<u32> {
@@ -269,7 +347,7 @@ impl AuditSocket {
                 let errno = body.get(..4).map_or(0, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
                 return if errno == 0 { Ok(Reply::Ack) } else { Err(AuditError::Refused { op, errno: -errno }) };
             }
-            if kind == AUDIT_GET && msg_seq == seq {
+            if matches!(kind, AUDIT_GET | AUDIT_LIST_RULES | NLMSG_DONE) && msg_seq == seq {
                 return Ok(Reply::Message(kind, body));
             }
             if let Some(record) = record_of(kind, &body) {
@@ -339,6 +417,58 @@ impl AuditStatusChange {
             out[i * 4..i * 4 + 4].copy_from_slice(&v.to_ne_bytes());
         }
         out
+    }
+}
+
+/// One audit rule, as `struct audit_rule_data` encodes it: compared and
+/// deleted by its exact bytes, as the kernel compares rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditRule {
+    data: Vec<u8>,
+}
+
+impl AuditRule {
+    /// `-a never,task`: tasks created while it is in force get no audit
+    /// context (no per-syscall audit work, no `AUDIT_SYSCALL` records).
+    /// No fields, an empty syscall mask (a task rule's mask is not used).
+    pub fn task_never() -> AuditRule {
+        let mut data = vec![0u8; RULE_LEN];
+        data[..4].copy_from_slice(&AUDIT_FILTER_TASK.to_ne_bytes());
+        data[4..8].copy_from_slice(&AUDIT_NEVER.to_ne_bytes());
+        AuditRule { data }
+    }
+
+    fn parse(body: &[u8]) -> AuditRule {
+        AuditRule { data: body.to_vec() }
+    }
+
+    fn word(&self, i: usize) -> Option<u32> {
+        self.data.get(i * 4..i * 4 + 4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// The list the rule is on (`AUDIT_FILTER_*`).
+    pub fn list(&self) -> Option<u32> {
+        self.word(0)
+    }
+
+    /// `AUDIT_NEVER` or `AUDIT_ALWAYS`.
+    pub fn action(&self) -> Option<u32> {
+        self.word(1)
+    }
+
+    pub fn field_count(&self) -> Option<u32> {
+        self.word(2)
+    }
+
+    /// Any `never,task` rule without fields, whatever its mask: it has the
+    /// effect of [`AuditRule::task_never`] (e.g. a distribution's own).
+    pub fn is_task_never(&self) -> bool {
+        self.list() == Some(AUDIT_FILTER_TASK) && self.action() == Some(AUDIT_NEVER) && self.field_count() == Some(0)
+    }
+
+    /// The encoded rule.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
     }
 }
 
@@ -633,6 +763,21 @@ mod tests {
         assert_eq!(untrusted("(null)"), "(null)");
         assert_eq!(untrusted("abc"), "abc");
         assert_eq!(untrusted("ABC"), "ABC");
+    }
+
+    #[test]
+    fn the_task_never_rule_encodes_list_action_and_no_fields() {
+        let rule = AuditRule::task_never();
+        assert_eq!(rule.bytes().len(), 1040, "sizeof(struct audit_rule_data)");
+        assert_eq!((rule.list(), rule.action(), rule.field_count()), (Some(1), Some(0), Some(0)));
+        assert!(rule.is_task_never());
+        let mut exit_never = rule.bytes().to_vec();
+        exit_never[..4].copy_from_slice(&4u32.to_ne_bytes());
+        assert!(!AuditRule::parse(&exit_never).is_task_never(), "an exit-list rule is another rule");
+        let mut with_field = rule.bytes().to_vec();
+        with_field[8..12].copy_from_slice(&1u32.to_ne_bytes());
+        assert!(!AuditRule::parse(&with_field).is_task_never(), "a rule with a field is not for every task");
+        assert!(!AuditRule::parse(&[1, 0]).is_task_never());
     }
 
     #[test]

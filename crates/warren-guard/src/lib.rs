@@ -6,13 +6,15 @@
 //! bound it (v1 controllers where this host has them, plus a cgroup2
 //! directory that later carries eBPF programs), and the reserve a node keeps
 //! back from all its sandboxes together; and the kernel's audit channel
-//! that reports Landlock's refusals (`audit`).
+//! that reports Landlock's refusals (`audit`), and the fanotify permission
+//! events that guard protected paths from outside (`fanotify`).
 //!
 //! Invariant: a profile only ever tightens.
 //! Never: executes anything from a sandbox's image.
 
 pub mod audit;
 pub mod cgroup;
+pub mod fanotify;
 pub mod landlock;
 pub mod profile;
 pub mod reserve;

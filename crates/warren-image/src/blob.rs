@@ -7,15 +7,21 @@
 //! metadata blob, see [`crate::metablob`]), `layers/<name>/<version>.json`,
 //! `images/<name>/<tag>.json`.
 //!
+//! A layer manifest may also list a digest per fixed-size *piece* of the
+//! file (default [`DEFAULT_PIECE_SIZE`], a divisor of the chunk size):
+//! pieces are not objects of their own, a node fetches a run of them with
+//! one ranged GET of the chunk object that holds them.
+//!
 //! Invariants: a chunk is never returned unless its sha256 and length match
-//! the layer manifest, nor a metadata blob unless its sha256, length and
+//! the layer manifest, nor a run of pieces unless every piece's sha256 and
+//! length match it, nor a metadata blob unless its sha256, length and
 //! range table match it; an eagerly pulled layer appears at its destination
 //! only after its whole-file digest matched; a layer manifest is written
 //! only after all of its chunks and its metadata blob are stored, so a
 //! manifest never names a missing object; layer manifests are immutable
 //! (pushing another file under an existing `name@version` is refused; the
-//! one exception adds a metadata blob to a manifest stored before they
-//! existed, for the same file). A chunk already present with the right
+//! one exception adds a metadata blob or piece digests to a manifest
+//! stored before they existed, for the same file). A chunk already present with the right
 //! length is not rewritten (dedup across layers and images).
 //!
 //! Durability: `object_store`'s local backend publishes each object by
@@ -44,12 +50,18 @@ use tokio::io::AsyncWriteExt;
 use crate::erofs::{self, ErofsError};
 use crate::error::ImageError;
 use crate::fsutil::random_hex_id;
-use crate::layer::{self, digest_hex, ImageManifest, LayerError, LayerManifest, LayerRole, MetadataBlobRef};
+use crate::layer::{
+    self, digest_hex, BlobEncoding, ImageManifest, LayerError, LayerManifest, LayerRole, MetadataBlobRef, StoredBlob,
+};
 use crate::metablob::{self, MetaBlobError};
 
 /// Nydus's choice, and the middle of the 256 KiB - 4 MiB range block-level
 /// lazy loaders use.
 pub const DEFAULT_CHUNK_SIZE: u64 = 1 << 20;
+/// The unit a node fetches and verifies inside a chunk (see
+/// `LayerManifest::piece_size`); chosen by the lazy-loading benchmark
+/// (`docs/images.md`).
+pub const DEFAULT_PIECE_SIZE: u64 = 16 << 10;
 /// Chunks in flight per push or eager pull.
 const TRANSFER_CONCURRENCY: usize = 8;
 
@@ -77,6 +89,13 @@ pub enum BlobError {
     Misfiled { key: String, found: String },
     #[error("layer {layer} has {count} chunks, chunk {index} asked for")]
     ChunkIndex { layer: String, index: usize, count: usize },
+    /// The store returned bytes that are not the piece the manifest names.
+    #[error("piece {index} of layer {layer} is corrupt: expected {expected}, got {actual}")]
+    PieceCorrupt { layer: String, index: usize, expected: String, actual: String },
+    /// A piece request the manifest cannot satisfy (no pieces, past the
+    /// end, or a run that crosses a chunk).
+    #[error("layer {layer}: pieces {first}..{end} are not a run inside one chunk of its {count} pieces")]
+    PieceRange { layer: String, first: usize, end: usize, count: usize },
     /// The store returned bytes that are not the chunk the manifest names.
     #[error("chunk {index} of layer {layer} is corrupt: expected {expected}, got {actual}")]
     ChunkCorrupt { layer: String, index: usize, expected: String, actual: String },
@@ -97,6 +116,8 @@ pub enum BlobError {
     LayerExists { layer: String, existing: String },
     #[error("chunk size {0} is not a power of two in 4 KiB..=64 MiB")]
     InvalidChunkSize(u64),
+    #[error("piece size {0} is not a power of two in 4 KiB..=64 MiB")]
+    InvalidPieceSize(u64),
     #[error("layer file: {0}")]
     Erofs(#[from] ErofsError),
     #[error("blob store configuration: {0}")]
@@ -114,11 +135,98 @@ pub trait ChunkSource: Send + Sync {
     /// Chunk `index` of `layer`, verified against its digest.
     async fn fetch_chunk(&self, layer: &LayerManifest, index: usize) -> Result<Bytes, BlobError>;
 
-    /// The layer's metadata blob. The cache checks it against the manifest
-    /// again before writing any of it; a source that has none says so.
+    /// The layer's metadata blob, as its manifest `digest` names it (a
+    /// compressed stored form already checked and inflated). The cache
+    /// checks it against the manifest again before writing any of it; a
+    /// source that has none says so.
     async fn fetch_metadata_blob(&self, layer: &LayerManifest) -> Result<Bytes, BlobError> {
         Err(BlobError::NoMetadataBlob(layer.id()))
     }
+
+    /// Pieces `first..first + count` of `layer` (a run inside one chunk),
+    /// each verified against its digest. A source without ranged reads
+    /// fetches the whole chunk and cuts it.
+    async fn fetch_pieces(&self, layer: &LayerManifest, first: usize, count: usize) -> Result<Vec<Bytes>, BlobError> {
+        let (chunk, range) = piece_run_range(layer, first, count)?;
+        let bytes = self.fetch_chunk(layer, chunk).await?;
+        let (chunk_offset, _) = layer.chunk_extent(chunk).unwrap_or_default();
+        let start = usize::try_from(range.start - chunk_offset).unwrap_or(usize::MAX);
+        let end = usize::try_from(range.end - chunk_offset).unwrap_or(usize::MAX);
+        let run = bytes.get(start..end).map(|_| bytes.slice(start..end)).ok_or_else(|| BlobError::ChunkCorrupt {
+            layer: layer.id(),
+            index: chunk,
+            expected: format!("at least {end} bytes"),
+            actual: format!("{} bytes", bytes.len()),
+        })?;
+        split_pieces(layer, first, count, run)
+    }
+}
+
+/// The chunk holding pieces `first..first + count` and their byte range in
+/// the layer file; an error unless they are a run inside one chunk.
+pub fn piece_run_range(
+    layer: &LayerManifest,
+    first: usize,
+    count: usize,
+) -> Result<(usize, std::ops::Range<u64>), BlobError> {
+    let bad = || BlobError::PieceRange {
+        layer: layer.id(),
+        first,
+        end: first.saturating_add(count),
+        count: layer.pieces.len(),
+    };
+    if layer.piece_size.is_none() || count == 0 {
+        return Err(bad());
+    }
+    let (start, _) = layer.fetch_unit_extent(first).ok_or_else(bad)?;
+    let (last, last_len) = layer.fetch_unit_extent(first + count - 1).ok_or_else(bad)?;
+    let end = last + last_len;
+    let chunk = usize::try_from(start / layer.chunk_size).map_err(|_| bad())?;
+    if (end - 1) / layer.chunk_size != start / layer.chunk_size {
+        return Err(bad());
+    }
+    Ok((chunk, start..end))
+}
+
+/// Cuts the bytes of pieces `first..first + count` into pieces, refusing
+/// the lot if any piece's length or digest is not the manifest's.
+pub fn split_pieces(layer: &LayerManifest, first: usize, count: usize, run: Bytes) -> Result<Vec<Bytes>, BlobError> {
+    let mut pieces = Vec::with_capacity(count);
+    let mut at = 0usize;
+    for index in first..first + count {
+        let (Some(digest), Some((_, len))) = (layer.pieces.get(index), layer.fetch_unit_extent(index)) else {
+            return Err(BlobError::PieceRange {
+                layer: layer.id(),
+                first,
+                end: first + count,
+                count: layer.pieces.len(),
+            });
+        };
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        let piece = run.get(at..at.saturating_add(len)).map(|_| run.slice(at..at + len));
+        let actual = piece.as_deref().map(sha256_digest);
+        match (piece, actual) {
+            (Some(piece), Some(actual)) if actual == *digest => pieces.push(piece),
+            (_, actual) => {
+                return Err(BlobError::PieceCorrupt {
+                    layer: layer.id(),
+                    index,
+                    expected: format!("{digest} ({len} bytes)"),
+                    actual: actual.unwrap_or_else(|| format!("{} bytes", run.len().saturating_sub(at))),
+                })
+            }
+        }
+        at += len;
+    }
+    if at != run.len() {
+        return Err(BlobError::PieceCorrupt {
+            layer: layer.id(),
+            index: first + count - 1,
+            expected: format!("{at} bytes in the run"),
+            actual: format!("{} bytes", run.len()),
+        });
+    }
+    Ok(pieces)
 }
 
 /// An S3-compatible endpoint, addressed path-style. `Debug` leaves the
@@ -172,8 +280,12 @@ pub struct BlobStats {
     /// Verified chunks handed out by `fetch_chunk` (and eager pulls).
     pub chunks_fetched: u64,
     pub bytes_fetched: u64,
-    /// Fetched chunks refused for a wrong digest or length.
+    /// Fetched chunks (or piece runs) refused for a wrong digest or length.
     pub chunks_rejected: u64,
+    /// Verified pieces handed out by `fetch_pieces`.
+    pub pieces_fetched: u64,
+    /// Ranged GETs `fetch_pieces` made (one per run of neighbouring pieces).
+    pub range_requests: u64,
     pub chunks_uploaded: u64,
     pub bytes_uploaded: u64,
     /// Chunks a push found already stored and did not send.
@@ -185,6 +297,8 @@ struct Counters {
     chunks_fetched: AtomicU64,
     bytes_fetched: AtomicU64,
     chunks_rejected: AtomicU64,
+    pieces_fetched: AtomicU64,
+    range_requests: AtomicU64,
     chunks_uploaded: AtomicU64,
     bytes_uploaded: AtomicU64,
     chunks_deduplicated: AtomicU64,
@@ -201,6 +315,7 @@ impl Counters {
 pub struct BlobStore {
     store: Arc<dyn ObjectStore>,
     chunk_size: u64,
+    piece_size: Option<u64>,
     counters: Arc<Counters>,
 }
 
@@ -215,7 +330,7 @@ impl std::fmt::Debug for BlobStore {
 
 impl BlobStore {
     pub fn new(store: Arc<dyn ObjectStore>) -> Self {
-        Self { store, chunk_size: DEFAULT_CHUNK_SIZE, counters: Arc::default() }
+        Self { store, chunk_size: DEFAULT_CHUNK_SIZE, piece_size: Some(DEFAULT_PIECE_SIZE), counters: Arc::default() }
     }
 
     /// A store under the local directory `root` (created if missing).
@@ -261,6 +376,24 @@ impl BlobStore {
         self.chunk_size
     }
 
+    /// Sets the piece size for layers pushed from now on; `None` stores no
+    /// piece digests (nodes then fetch whole chunks). A piece size not
+    /// smaller than the chunk size means no pieces either.
+    pub fn with_piece_size(mut self, bytes: Option<u64>) -> Result<Self, BlobError> {
+        if let Some(bytes) = bytes {
+            if !layer::is_valid_piece_size(bytes, layer::MAX_CHUNK_SIZE) {
+                return Err(BlobError::InvalidPieceSize(bytes));
+            }
+        }
+        self.piece_size = bytes;
+        Ok(self)
+    }
+
+    /// The piece size layers pushed now get, if any.
+    pub fn piece_size(&self) -> Option<u64> {
+        self.piece_size.filter(|&p| p < self.chunk_size)
+    }
+
     pub fn stats(&self) -> BlobStats {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -268,6 +401,8 @@ impl BlobStore {
             chunks_fetched: get(&c.chunks_fetched),
             bytes_fetched: get(&c.bytes_fetched),
             chunks_rejected: get(&c.chunks_rejected),
+            pieces_fetched: get(&c.pieces_fetched),
+            range_requests: get(&c.range_requests),
             chunks_uploaded: get(&c.chunks_uploaded),
             bytes_uploaded: get(&c.bytes_uploaded),
             chunks_deduplicated: get(&c.chunks_deduplicated),
@@ -281,7 +416,8 @@ impl BlobStore {
     pub async fn push_layer(&self, erofs_file: &Path, meta: &LayerMeta) -> Result<LayerManifest, BlobError> {
         let path = erofs_file.to_owned();
         let chunk_size = self.chunk_size;
-        let plan = tokio::task::spawn_blocking(move || plan_layer(&path, chunk_size))
+        let piece_size = self.piece_size();
+        let plan = tokio::task::spawn_blocking(move || plan_layer(&path, chunk_size, piece_size))
             .await
             .map_err(|e| BlobError::Task(e.to_string()))??;
         let manifest = LayerManifest {
@@ -296,17 +432,25 @@ impl BlobStore {
             metadata_blob: Some(MetadataBlobRef {
                 digest: metablob::digest(&plan.metadata_blob),
                 size: plan.metadata_blob.len() as u64,
+                stored: Some(StoredBlob {
+                    encoding: BlobEncoding::Zlib,
+                    digest: metablob::digest(&plan.metadata_stored),
+                    size: plan.metadata_stored.len() as u64,
+                }),
             }),
+            piece_size,
+            pieces: plan.pieces,
         };
         manifest.validate()?;
         match self.existing_layer(&manifest).await? {
-            Existing::Same(existing) => return Ok(existing),
-            // Re-pushing a layer stored before metadata blobs existed gives
-            // it one: the bytes it describes are the ones the digest names.
-            Existing::WithoutMetadataBlob => {}
+            Existing::Same(existing) => return Ok(*existing),
+            // Re-pushing a layer stored before metadata blobs or piece
+            // digests existed adds what it lacks: the bytes they describe
+            // are the ones the digest names, and no chunk moves.
+            Existing::Upgrade => {}
             Existing::None => self.upload_chunks(erofs_file, &manifest).await?,
         }
-        self.upload_metadata_blob(&manifest, plan.metadata_blob).await?;
+        self.upload_metadata_blob(&manifest, plan.metadata_stored).await?;
         self.put_layer_manifest(&manifest).await?;
         Ok(manifest)
     }
@@ -315,9 +459,16 @@ impl BlobStore {
     /// if another layer holds them.
     async fn existing_layer(&self, manifest: &LayerManifest) -> Result<Existing, BlobError> {
         match self.get_layer_manifest(&manifest.name, &manifest.version).await {
-            Ok(existing) if existing == *manifest => Ok(Existing::Same(existing)),
-            Ok(existing) if existing.metadata_blob.is_none() && without_blob(&existing) == without_blob(manifest) => {
-                Ok(Existing::WithoutMetadataBlob)
+            Ok(existing) if existing == *manifest => Ok(Existing::Same(Box::new(existing))),
+            Ok(existing) if core(&existing) == core(manifest) => {
+                let lacks_blob = existing.metadata_blob.is_none() && manifest.metadata_blob.is_some();
+                let lacks_pieces = existing.piece_size.is_none() && manifest.piece_size.is_some();
+                if lacks_blob || lacks_pieces {
+                    Ok(Existing::Upgrade)
+                } else {
+                    // Same layer, other piece size: the stored one serves.
+                    Ok(Existing::Same(Box::new(existing)))
+                }
             }
             Ok(existing) => Err(BlobError::LayerExists { layer: manifest.id(), existing: existing.digest }),
             Err(BlobError::NotFound(_)) => Ok(Existing::None),
@@ -325,33 +476,49 @@ impl BlobStore {
         }
     }
 
-    async fn upload_metadata_blob(&self, manifest: &LayerManifest, blob: Bytes) -> Result<(), BlobError> {
+    /// Stores the blob's stored form (`stored`: compressed when the
+    /// manifest says so) under its digest.
+    async fn upload_metadata_blob(&self, manifest: &LayerManifest, stored: Bytes) -> Result<(), BlobError> {
         let Some(r) = &manifest.metadata_blob else { return Ok(()) };
-        let key = metadata_key(&r.digest)?;
+        let key = metadata_key(r.key_digest())?;
         match self.store.head(&key).await {
-            Ok(meta) if meta.size == r.size => return Ok(()),
+            Ok(meta) if meta.size == r.stored_size() => return Ok(()),
             Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
             Err(source) => return Err(BlobError::Store { context: format!("looking up {}", r.digest), source }),
         }
         self.store
-            .put(&key, PutPayload::from_bytes(blob))
+            .put(&key, PutPayload::from_bytes(stored))
             .await
             .map_err(|source| BlobError::Store { context: format!("storing metadata blob {}", r.digest), source })?;
-        Counters::add(&self.counters.bytes_uploaded, r.size);
+        Counters::add(&self.counters.bytes_uploaded, r.stored_size());
         Ok(())
     }
 
     /// The metadata blob of `layer`, checked against the manifest's digest,
-    /// length and metadata map.
+    /// length and metadata map; when it is stored compressed, the stored
+    /// bytes are checked against their own digest and size before they are
+    /// inflated (to at most the blob's size).
     pub async fn fetch_metadata_blob(&self, layer: &LayerManifest) -> Result<Bytes, BlobError> {
         let r = layer.metadata_blob.as_ref().ok_or_else(|| BlobError::NoMetadataBlob(layer.id()))?;
-        let key = metadata_key(&r.digest)?;
-        let bytes = self.get_bytes(&key, || format!("metadata blob of {}", layer.id())).await?;
-        if let Err(source) = metablob::decode(&bytes, &r.digest, &layer.metadata_pages()) {
-            Counters::add(&self.counters.chunks_rejected, 1);
-            return Err(BlobError::MetadataCorrupt { layer: layer.id(), source });
+        let key = metadata_key(r.key_digest())?;
+        let fetched = self.get_bytes(&key, || format!("metadata blob of {}", layer.id())).await?;
+        let checked = match &r.stored {
+            None => Ok(fetched),
+            Some(stored) => {
+                let (stored, size) = (stored.clone(), r.size);
+                tokio::task::spawn_blocking(move || {
+                    metablob::decompress(&fetched, &stored.digest, stored.size, size).map(Bytes::from)
+                })
+                .await
+                .map_err(|e| BlobError::Task(e.to_string()))?
+            }
         }
-        Counters::add(&self.counters.bytes_fetched, r.size);
+        .and_then(|bytes| metablob::decode(&bytes, &r.digest, &layer.metadata_pages()).map(|_| ()).and(Ok(bytes)));
+        let bytes = checked.map_err(|source| {
+            Counters::add(&self.counters.chunks_rejected, 1);
+            BlobError::MetadataCorrupt { layer: layer.id(), source }
+        })?;
+        Counters::add(&self.counters.bytes_fetched, r.stored_size());
         Ok(bytes)
     }
 
@@ -427,6 +594,36 @@ impl BlobStore {
         Counters::add(&self.counters.chunks_fetched, 1);
         Counters::add(&self.counters.bytes_fetched, len);
         Ok(bytes)
+    }
+
+    /// Pieces `first..first + count` of `layer`, a run inside one chunk, in
+    /// one ranged GET of that chunk; each piece checked against its digest
+    /// before any is returned.
+    pub async fn fetch_pieces(
+        &self,
+        layer: &LayerManifest,
+        first: usize,
+        count: usize,
+    ) -> Result<Vec<Bytes>, BlobError> {
+        let (chunk, range) = piece_run_range(layer, first, count)?;
+        let (Some(digest), Some((chunk_offset, _))) = (layer.chunks.get(chunk), layer.chunk_extent(chunk)) else {
+            return Err(BlobError::ChunkIndex { layer: layer.id(), index: chunk, count: layer.chunks.len() });
+        };
+        let key = chunk_key(digest)?;
+        let what = || format!("pieces {first}..{} of {}", first + count, layer.id());
+        let within = range.start - chunk_offset..range.end - chunk_offset;
+        let bytes = match self.store.get_range(&key, within).await {
+            Ok(bytes) => bytes,
+            Err(object_store::Error::NotFound { .. }) => return Err(BlobError::NotFound(what())),
+            Err(source) => return Err(BlobError::Store { context: format!("reading {}", what()), source }),
+        };
+        let pieces = split_pieces(layer, first, count, bytes).inspect_err(|_| {
+            Counters::add(&self.counters.chunks_rejected, 1);
+        })?;
+        Counters::add(&self.counters.pieces_fetched, u64::try_from(count).unwrap_or(u64::MAX));
+        Counters::add(&self.counters.bytes_fetched, range.end - range.start);
+        Counters::add(&self.counters.range_requests, 1);
+        Ok(pieces)
     }
 
     /// Fetches the whole layer to `dest` (the eager baseline). `dest` appears
@@ -594,7 +791,7 @@ impl BlobStore {
             match layer {
                 Some(layer) => {
                     kept_chunks.extend(layer.chunks.iter().cloned());
-                    kept_metadata.extend(layer.metadata_blob.map(|b| b.digest));
+                    kept_metadata.extend(layer.metadata_blob.map(|b| b.key_digest().to_owned()));
                     kept_layers.insert(layer.digest);
                 }
                 None => doomed_layers.push(meta),
@@ -669,18 +866,25 @@ impl ChunkSource for BlobStore {
     async fn fetch_metadata_blob(&self, layer: &LayerManifest) -> Result<Bytes, BlobError> {
         BlobStore::fetch_metadata_blob(self, layer).await
     }
+
+    async fn fetch_pieces(&self, layer: &LayerManifest, first: usize, count: usize) -> Result<Vec<Bytes>, BlobError> {
+        BlobStore::fetch_pieces(self, layer, first, count).await
+    }
 }
 
 /// What a push found already stored under its name and version.
 enum Existing {
     None,
-    Same(LayerManifest),
-    /// The same layer, stored before metadata blobs existed.
-    WithoutMetadataBlob,
+    /// Boxed: a manifest is large next to the other variants.
+    Same(Box<LayerManifest>),
+    /// The same layer, stored before metadata blobs or piece digests existed.
+    Upgrade,
 }
 
-fn without_blob(manifest: &LayerManifest) -> LayerManifest {
-    LayerManifest { metadata_blob: None, ..manifest.clone() }
+/// A manifest without what later formats added (metadata blob, pieces):
+/// what must match for two manifests to describe the same stored layer.
+fn core(manifest: &LayerManifest) -> LayerManifest {
+    LayerManifest { metadata_blob: None, piece_size: None, pieces: Vec::new(), ..manifest.clone() }
 }
 
 /// What a push learns from one pass over the layer file.
@@ -690,16 +894,24 @@ struct LayerPlan {
     chunks: Vec<String>,
     metadata_ranges: Vec<(u64, u64)>,
     metadata_blob: Bytes,
+    /// What the store keeps of it (compressed).
+    metadata_stored: Bytes,
+    pieces: Vec<String>,
 }
 
 /// Hashes the file whole and chunk by chunk in one pass, and maps its
 /// metadata (which also proves it is an EROFS image this crate can serve).
-fn plan_layer(path: &Path, chunk_size: u64) -> Result<LayerPlan, BlobError> {
+fn plan_layer(path: &Path, chunk_size: u64, piece_size: Option<u64>) -> Result<LayerPlan, BlobError> {
     let metadata_ranges = erofs::metadata_ranges(path)?;
     let io_err = |source| BlobError::Io { context: format!("reading {}", path.display()), source };
     let file = File::open(path).map_err(io_err)?;
     let mut whole = Sha256::new();
     let mut chunks = Vec::new();
+    let mut pieces = Vec::new();
+    let piece_len = match piece_size {
+        Some(p) => usize::try_from(p).map_err(|_| BlobError::InvalidPieceSize(p))?,
+        None => 0,
+    };
     let mut buf = vec![0u8; usize::try_from(chunk_size).map_err(|_| BlobError::InvalidChunkSize(chunk_size))?];
     let mut offset = 0u64;
     loop {
@@ -709,12 +921,25 @@ fn plan_layer(path: &Path, chunk_size: u64) -> Result<LayerPlan, BlobError> {
         }
         whole.update(&buf[..n]);
         chunks.push(sha256_digest(&buf[..n]));
+        if piece_len > 0 {
+            pieces.extend(buf[..n].chunks(piece_len).map(sha256_digest));
+        }
         offset += n as u64;
     }
     let digest = format!("sha256:{}", erofs::hex(&whole.finalize()));
     let pages = metablob::pages(&metadata_ranges, offset);
     let metadata_blob = metablob::encode(&file, &pages).map_err(io_err)?;
-    Ok(LayerPlan { digest, size: offset, chunks, metadata_ranges, metadata_blob: Bytes::from(metadata_blob) })
+    let metadata_stored = metablob::compress(&metadata_blob)
+        .map_err(|source| BlobError::Io { context: "compressing the metadata blob".into(), source })?;
+    Ok(LayerPlan {
+        digest,
+        size: offset,
+        chunks,
+        metadata_ranges,
+        metadata_blob: Bytes::from(metadata_blob),
+        metadata_stored: Bytes::from(metadata_stored),
+        pieces,
+    })
 }
 
 /// Fills `buf` from `offset` unless the file ends first; returns the count.

@@ -5,11 +5,14 @@
 //! reads without raising events): the pages of its metadata blob, written
 //! at page granularity, or for a manifest from before metadata blobs every
 //! chunk that holds metadata. It is marked for fanotify
-//! pre-content events, then mounted. A read of a range not yet local waits
-//! in the kernel while the fill daemon fetches the chunks covering it,
-//! checks each against the manifest's digest and writes it through the
-//! event's descriptor; a chunk that cannot be fetched or does not match
-//! fails the read with `EIO`.
+//! pre-content events, then mounted, with a small readahead window
+//! ([`DEFAULT_READAHEAD_KB`]: every byte readahead asks for is fetched). A
+//! read of a range not yet local waits in the kernel while the fill daemon
+//! fetches what covers it - the pieces (one ranged GET per run of
+//! neighbouring pieces of one chunk) when the manifest has piece digests,
+//! else whole chunks - checks each against the manifest's digest and
+//! writes it through the event's descriptor; one that cannot be fetched
+//! or does not match fails the read with `EIO`.
 //!
 //! Invariants: a reader never gets bytes that are not the layer's. An
 //! unfilled range errors or waits, never reads as zeros, also while no
@@ -56,6 +59,11 @@ pub use readers::ReaderStats;
 use readers::Readers;
 
 pub const DEFAULT_FILL_THREADS: usize = 4;
+/// Readahead window of a lazily filled layer mount, in KiB (the kernel's
+/// default is 128). Every byte a readahead window covers is a byte the
+/// fill daemon must fetch, whether or not the reader wants it; chosen by
+/// the lazy-loading benchmark (`docs/images.md`).
+pub const DEFAULT_READAHEAD_KB: u32 = 16;
 /// Held exclusively by the one cache that owns a directory.
 const LOCK_FILE: &str = ".lock";
 const HOLDER_RECORD: &str = "holder.json";
@@ -71,13 +79,23 @@ pub struct CacheConfig {
     pub holder: HolderCommand,
     /// Events filled concurrently.
     pub fill_threads: usize,
+    /// Readahead window set on each layer mount the cache makes (KiB);
+    /// `None` keeps the kernel's default. A complete layer is mounted with
+    /// it too: it is set once per mount.
+    pub readahead_kb: Option<u32>,
 }
 
 impl CacheConfig {
     /// A cache whose holder is this executable run with [`HOLDER_ARG`].
     pub fn new(dir: impl Into<PathBuf>, capacity_bytes: u64) -> Result<Self> {
         let holder = HolderCommand::current_exe().context(|| "locating the running executable".into())?;
-        Ok(Self { dir: dir.into(), capacity_bytes, holder, fill_threads: DEFAULT_FILL_THREADS })
+        Ok(Self {
+            dir: dir.into(),
+            capacity_bytes,
+            holder,
+            fill_threads: DEFAULT_FILL_THREADS,
+            readahead_kb: Some(DEFAULT_READAHEAD_KB),
+        })
     }
 }
 
@@ -86,12 +104,14 @@ impl CacheConfig {
 pub struct LayerStats {
     pub digest: String,
     pub size_bytes: u64,
-    /// Bytes of the layer held locally (whole verified chunks).
+    /// Bytes of the layer held locally (verified chunks, or pieces).
     pub present_bytes: u64,
     /// Sum of the ranges readers asked the daemon for.
     pub bytes_accessed: u64,
     /// Bytes fetched from the store, metadata prefill included.
     pub bytes_fetched: u64,
+    /// Fetch units fetched: whole chunks, or pieces for a layer whose
+    /// manifest lists piece digests.
     pub chunks_fetched: u64,
     /// Chunks fetched before mounting because they hold metadata (layers
     /// whose manifest has no metadata blob).
@@ -324,6 +344,7 @@ struct Inner {
     dir: PathBuf,
     mounts: PathBuf,
     capacity_bytes: u64,
+    readahead_kb: Option<u32>,
     shared: Arc<Shared>,
     table: Mutex<Table>,
     /// One async turn per layer, so one acquire prepares it and the others
@@ -402,6 +423,7 @@ impl Inner {
             dir,
             mounts,
             capacity_bytes: config.capacity_bytes,
+            readahead_kb: config.readahead_kb,
             shared: Arc::new(shared),
             table: Mutex::default(),
             gates: Mutex::default(),
@@ -642,7 +664,15 @@ impl Inner {
         }
         let target = self.mounts.join(file.hex());
         fs::create_dir_all(&target).context(|| format!("creating {}", target.display()))?;
-        mount::mount_erofs(file.path(), &target).context(|| format!("mounting {}", file.path().display()))
+        mount::mount_erofs(file.path(), &target).context(|| format!("mounting {}", file.path().display()))?;
+        // Before the lease exists, so no file is open on the mount yet and
+        // every later open takes this window. Failing only costs fetches.
+        if let Some(kb) = self.readahead_kb {
+            if let Err(e) = mount::set_readahead_kb(&target, kb) {
+                tracing::warn!(layer = file.hex(), error = %e, "cannot set the layer mount's readahead");
+            }
+        }
+        Ok(())
     }
 
     fn finish(self: &Arc<Self>, hex: &str, file: Arc<LayerFile>) -> LayerLease {

@@ -3,11 +3,13 @@
 //! layers, base at the bottom).
 //!
 //! Invariants: a manifest that passes [`LayerManifest::validate`] describes
-//! a chunk list that tiles the layer exactly and a metadata map inside it,
-//! and every name in it is safe as an object-store path segment. A layer is
-//! only ever reached from an image through [`ImageManifest::check_layer`],
-//! which refuses a layer manifest whose digest is not the one the image
-//! names. Composing an image copies no layer data.
+//! a chunk list that tiles the layer exactly (and, if it has pieces, a
+//! piece list that does too, each piece inside one chunk) and a metadata
+//! map inside it, and every name in it is safe as an object-store path
+//! segment. A layer is only ever reached from an image through
+//! [`ImageManifest::check_layer`], which refuses a layer manifest whose
+//! digest is not the one the image names. Composing an image copies no
+//! layer data.
 
 use serde::{Deserialize, Serialize};
 
@@ -58,6 +60,18 @@ pub struct LayerManifest {
     /// a node then prefills whole chunks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata_blob: Option<MetadataBlobRef>,
+    /// Bytes in every piece but the last: the unit a node fetches (a
+    /// ranged GET of the chunk holding it) and verifies, so a read miss
+    /// costs pieces, not a whole chunk. A power of two that divides the
+    /// chunk size, so pieces tile the file like the chunks do. Absent in
+    /// manifests written before pieces existed; a node then fetches whole
+    /// chunks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub piece_size: Option<u64>,
+    /// `sha256:<hex>` of each piece, in file order (piece `i` is the bytes
+    /// at `i * piece_size`); empty without `piece_size`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pieces: Vec<String>,
 }
 
 /// Where a layer's metadata blob is and what it must hash to.
@@ -67,6 +81,40 @@ pub struct MetadataBlobRef {
     pub digest: String,
     /// Bytes in the blob (range table included).
     pub size: u64,
+    /// How the blob is stored, if not as is: compressed, under the digest
+    /// of the stored bytes. Absent in manifests written before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored: Option<StoredBlob>,
+}
+
+/// A metadata blob stored compressed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredBlob {
+    pub encoding: BlobEncoding,
+    /// `sha256:<hex>` of the stored (compressed) bytes: the object's key.
+    pub digest: String,
+    /// Bytes stored (and fetched).
+    pub size: u64,
+}
+
+/// Compression of a stored metadata blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlobEncoding {
+    /// zlib (RFC 1950) deflate.
+    Zlib,
+}
+
+impl MetadataBlobRef {
+    /// The digest the object is stored under.
+    pub fn key_digest(&self) -> &str {
+        self.stored.as_ref().map_or(&self.digest, |s| &s.digest)
+    }
+
+    /// Bytes a node fetches for the blob.
+    pub fn stored_size(&self) -> u64 {
+        self.stored.as_ref().map_or(self.size, |s| s.size)
+    }
 }
 
 /// An image's pointer to one layer.
@@ -128,6 +176,32 @@ impl LayerManifest {
         Some((offset, self.chunk_size.min(self.size.checked_sub(offset)?)))
     }
 
+    /// The unit a node fetches, verifies and tracks: pieces when the
+    /// manifest has them, else whole chunks.
+    pub fn fetch_unit_size(&self) -> u64 {
+        self.piece_size.unwrap_or(self.chunk_size)
+    }
+
+    /// The digests of the fetch units, in file order.
+    pub fn fetch_unit_digests(&self) -> &[String] {
+        if self.piece_size.is_some() {
+            &self.pieces
+        } else {
+            &self.chunks
+        }
+    }
+
+    /// `(offset, len)` of fetch unit `index` in the layer file, or `None`
+    /// past the end.
+    pub fn fetch_unit_extent(&self, index: usize) -> Option<(u64, u64)> {
+        let Some(piece_size) = self.piece_size else { return self.chunk_extent(index) };
+        if index >= self.pieces.len() {
+            return None;
+        }
+        let offset = u64::try_from(index).ok()?.checked_mul(piece_size)?;
+        Some((offset, piece_size.min(self.size.checked_sub(offset)?)))
+    }
+
     /// Checks every invariant a reader relies on; called on every manifest
     /// read from a store.
     pub fn validate(&self) -> Result<(), LayerError> {
@@ -147,6 +221,27 @@ impl LayerManifest {
             )));
         }
         self.chunks.iter().try_for_each(|c| check_digest(c))?;
+        match self.piece_size {
+            Some(piece_size) => {
+                if !is_valid_piece_size(piece_size, self.chunk_size) {
+                    return Err(invalid(format!(
+                        "piece size {piece_size} is not a power of two in 4 KiB..=chunk size {}",
+                        self.chunk_size
+                    )));
+                }
+                let expected = self.size.div_ceil(piece_size);
+                if u64::try_from(self.pieces.len()).ok() != Some(expected) {
+                    return Err(invalid(format!(
+                        "{} pieces listed, {expected} needed for {} bytes",
+                        self.pieces.len(),
+                        self.size
+                    )));
+                }
+                self.pieces.iter().try_for_each(|p| check_digest(p))?;
+            }
+            None if !self.pieces.is_empty() => return Err(invalid("pieces listed without a piece size".into())),
+            None => {}
+        }
         let mut end = 0u64;
         for &(offset, len) in &self.metadata_ranges {
             let stop = offset.checked_add(len).filter(|&s| len > 0 && offset >= end && s <= self.size);
@@ -154,6 +249,9 @@ impl LayerManifest {
         }
         if let Some(blob) = &self.metadata_blob {
             check_digest(&blob.digest)?;
+            if let Some(stored) = &blob.stored {
+                check_digest(&stored.digest)?;
+            }
             let expected = crate::metablob::encoded_len(&self.metadata_pages());
             if blob.size != expected {
                 return Err(invalid(format!("metadata blob is {} bytes, its ranges need {expected}", blob.size)));
@@ -268,6 +366,12 @@ pub fn is_valid_chunk_size(bytes: u64) -> bool {
     bytes.is_power_of_two() && (MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&bytes)
 }
 
+/// Pieces are at least one EROFS block and divide the chunk, so a piece
+/// never straddles two chunk objects.
+pub fn is_valid_piece_size(bytes: u64, chunk_size: u64) -> bool {
+    bytes.is_power_of_two() && bytes >= MIN_CHUNK_SIZE && bytes <= chunk_size
+}
+
 /// The hex part of a valid `sha256:<hex>` digest.
 pub fn digest_hex(digest: &str) -> Result<&str, LayerError> {
     check_digest(digest)?;
@@ -308,17 +412,43 @@ mod tests {
             chunks: vec![D.into(); usize::try_from(size.div_ceil(chunk_size)).unwrap()],
             metadata_ranges: vec![(0, size.min(4096))],
             metadata_blob: None,
+            piece_size: None,
+            pieces: Vec::new(),
         }
+    }
+
+    #[test]
+    fn pieces_must_tile_the_layer_and_divide_the_chunk() {
+        let mut l = layer("base", 10_000, 8192);
+        l.piece_size = Some(4096);
+        l.pieces = vec![D.into(); 3];
+        l.validate().unwrap();
+        assert_eq!(LayerManifest::from_json(&l.to_json().unwrap()).unwrap(), l);
+        assert_eq!(l.fetch_unit_size(), 4096);
+        assert_eq!(l.fetch_unit_extent(2), Some((8192, 10_000 - 8192)));
+        assert_eq!(l.fetch_unit_extent(3), None);
+        assert_eq!(l.fetch_unit_digests().len(), 3);
+        for (size, count) in [(Some(4096), 2), (Some(16384), 1), (Some(3000), 3), (None, 3)] {
+            let mut bad = l.clone();
+            bad.piece_size = size;
+            bad.pieces = vec![D.into(); count];
+            assert!(matches!(bad.validate(), Err(LayerError::InvalidLayer { .. })), "{size:?} {count}");
+        }
+        // A manifest without pieces keeps whole chunks as its unit.
+        let old = layer("base", 10_000, 8192);
+        assert_eq!((old.fetch_unit_size(), old.fetch_unit_extent(1)), (8192, Some((8192, 10_000 - 8192))));
+        let json = String::from_utf8(old.to_json().unwrap()).unwrap();
+        assert!(!json.contains("piece"), "{json}");
     }
 
     #[test]
     fn a_metadata_blob_must_have_the_size_its_ranges_give() {
         let mut l = layer("base", 10_000, 4096);
         let size = crate::metablob::encoded_len(&l.metadata_pages());
-        l.metadata_blob = Some(MetadataBlobRef { digest: D.into(), size });
+        l.metadata_blob = Some(MetadataBlobRef { digest: D.into(), size, stored: None });
         l.validate().unwrap();
         assert_eq!(LayerManifest::from_json(&l.to_json().unwrap()).unwrap(), l);
-        l.metadata_blob = Some(MetadataBlobRef { digest: D.into(), size: size + 1 });
+        l.metadata_blob = Some(MetadataBlobRef { digest: D.into(), size: size + 1, stored: None });
         assert!(matches!(l.validate(), Err(LayerError::InvalidLayer { .. })));
         // A manifest from before metadata blobs still reads.
         let mut old: serde_json::Value = serde_json::from_slice(&layer("base", 10, 4096).to_json().unwrap()).unwrap();

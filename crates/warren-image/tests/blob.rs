@@ -98,8 +98,12 @@ async fn exercise_store(store: BlobStore, objects: &Path, work: &Path) {
     for (offset, bytes) in ranges {
         assert_eq!(bytes, &file[offset as usize..offset as usize + bytes.len()]);
     }
-    let blob_path = objects.join(format!("metadata/sha256/{}", &blob_ref.digest[7..]));
-    assert!(blob_path.is_file());
+    // It is stored compressed, under the digest of the stored bytes.
+    let stored = blob_ref.stored.clone().expect("a pushed layer's blob is stored compressed");
+    let blob_path = objects.join(format!("metadata/sha256/{}", &stored.digest[7..]));
+    assert_eq!(fs::metadata(&blob_path).unwrap().len(), stored.size);
+    assert!(stored.size < blob_ref.size, "compressed {} of {} bytes", stored.size, blob_ref.size);
+    assert_eq!(metablob::digest(&blob), blob_ref.digest, "the fetch hands out the inflated blob");
 
     // Pushing the same layer again stores nothing new.
     let uploaded = store.stats().chunks_uploaded;
@@ -116,6 +120,63 @@ async fn exercise_store(store: BlobStore, objects: &Path, work: &Path) {
     assert_eq!(store.get_layer_manifest("base", "1").await.unwrap(), manifest);
     assert_eq!(store.stats().chunks_uploaded, uploaded);
     assert_eq!(store.fetch_metadata_blob(&manifest).await.unwrap(), blob);
+    // A blob stored uncompressed (manifests from before compression) is
+    // still served, under its own digest.
+    let raw_ref = warren_image::layer::MetadataBlobRef { stored: None, ..blob_ref.clone() };
+    let raw = LayerManifest { metadata_blob: Some(raw_ref), ..manifest.clone() };
+    fs::write(objects.join(format!("metadata/sha256/{}", &blob_ref.digest[7..])), &blob).unwrap();
+    assert_eq!(store.fetch_metadata_blob(&raw).await.unwrap(), blob);
+    fs::remove_file(objects.join(format!("metadata/sha256/{}", &blob_ref.digest[7..]))).unwrap();
+
+    // Pieces. A store that records 16 KiB piece digests: a layer first
+    // pushed without them gets them on the next push, and no chunk moves.
+    let pieced_store = store.clone().with_piece_size(Some(16 * KIB)).unwrap();
+    let plain_store = store.clone().with_piece_size(None).unwrap();
+    let layer = build_layer(work, "pieced", 6, 50_000, |i| 500 + i as u64);
+    let plain = plain_store.push_layer(&layer.path, &meta("pieced", "1", LayerRole::Base)).await.unwrap();
+    assert_eq!((plain.piece_size, plain.pieces.len()), (None, 0));
+    let whole = store.clone().with_piece_size(Some(64 * KIB)).unwrap();
+    assert_eq!(whole.piece_size(), None, "a 64 KiB piece in a 64 KiB chunk is no piece");
+    let err = store.fetch_pieces(&plain, 0, 1).await.unwrap_err();
+    assert!(matches!(err, BlobError::PieceRange { .. }), "{err}");
+    let uploaded = store.stats().chunks_uploaded;
+    let pieced = pieced_store.push_layer(&layer.path, &meta("pieced", "1", LayerRole::Base)).await.unwrap();
+    assert_eq!(pieced.piece_size, Some(16 * KIB));
+    assert_eq!(pieced.pieces.len() as u64, layer.size.div_ceil(16 * KIB));
+    assert_eq!((&pieced.chunks, &pieced.digest), (&plain.chunks, &plain.digest));
+    assert_eq!(store.stats().chunks_uploaded, uploaded, "adding pieces moved no chunk");
+    assert_eq!(store.get_layer_manifest("pieced", "1").await.unwrap(), pieced);
+    // Pushing it again without pieces keeps the stored manifest.
+    assert_eq!(plain_store.push_layer(&layer.path, &meta("pieced", "1", LayerRole::Base)).await.unwrap(), pieced);
+
+    // A run of pieces is one ranged GET, each piece the file's bytes.
+    let file = fs::read(&layer.path).unwrap();
+    let before = store.stats();
+    let run = store.fetch_pieces(&pieced, 1, 3).await.unwrap();
+    assert_eq!(run.len(), 3);
+    for (k, piece) in run.iter().enumerate() {
+        let (offset, len) = pieced.fetch_unit_extent(1 + k).unwrap();
+        assert_eq!(&piece[..], &file[offset as usize..(offset + len) as usize]);
+    }
+    let after = store.stats();
+    assert_eq!(after.range_requests - before.range_requests, 1);
+    assert_eq!(after.pieces_fetched - before.pieces_fetched, 3);
+    assert_eq!(after.bytes_fetched - before.bytes_fetched, 48 * KIB);
+    assert_eq!(after.chunks_fetched, before.chunks_fetched, "no whole chunk was read");
+    // The last piece of the layer may be short; it is fetched as it is.
+    let last = pieced.pieces.len() - 1;
+    let tail = store.fetch_pieces(&pieced, last, 1).await.unwrap();
+    assert_eq!(&tail[0][..], &file[(last as u64 * 16 * KIB) as usize..]);
+    // A run that crosses a chunk border is not one object's range.
+    let err = store.fetch_pieces(&pieced, 3, 2).await.unwrap_err();
+    assert!(matches!(err, BlobError::PieceRange { .. }), "{err}");
+    // Bytes that do not match a piece's digest fail the whole run.
+    let mut forged = pieced.clone();
+    forged.pieces[2] = format!("sha256:{}", "0".repeat(64));
+    let rejected = store.stats().chunks_rejected;
+    let err = store.fetch_pieces(&forged, 1, 3).await.unwrap_err();
+    assert!(matches!(err, BlobError::PieceCorrupt { index: 2, .. }), "{err}");
+    assert_eq!(store.stats().chunks_rejected, rejected + 1);
 
     // Another file under the same name and version is refused.
     let other = build_layer(work, "other", 3, 10_000, |i| 1000 + i as u64);

@@ -21,7 +21,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use warren_image::blob::{BlobError, ChunkSource};
-use warren_image::cache::{holder_main, CacheConfig, CacheError, HolderCommand, LayerCache};
+use warren_image::cache::{holder_main, CacheConfig, CacheError, HolderCommand, LayerCache, DEFAULT_READAHEAD_KB};
 use warren_image::layer::{LayerManifest, LayerRole, MetadataBlobRef};
 use warren_image::metablob;
 
@@ -145,6 +145,8 @@ fn build_layer(name: &str, files: BTreeMap<String, Vec<u8>>) -> Built {
         chunks,
         metadata_ranges,
         metadata_blob: None,
+        piece_size: None,
+        pieces: Vec::new(),
     };
     manifest.validate().unwrap();
     Built { image, manifest, files, extents, blob: None }
@@ -155,7 +157,8 @@ fn with_metadata_blob(mut built: Built) -> Built {
     let mut file = tempfile::tempfile().unwrap();
     std::io::Write::write_all(&mut file, &built.image).unwrap();
     let blob = metablob::encode(&file, &built.manifest.metadata_pages()).unwrap();
-    built.manifest.metadata_blob = Some(MetadataBlobRef { digest: metablob::digest(&blob), size: blob.len() as u64 });
+    built.manifest.metadata_blob =
+        Some(MetadataBlobRef { digest: metablob::digest(&blob), size: blob.len() as u64, stored: None });
     built.manifest.validate().unwrap();
     built.blob = Some(blob);
     built
@@ -247,6 +250,11 @@ struct TestSource {
     blobs: Mutex<HashMap<String, Vec<u8>>>,
     blob_fetches: Mutex<usize>,
     corrupt_blob: Mutex<bool>,
+    /// `(layer digest, first piece, count)` of every piece request.
+    piece_runs: Mutex<Vec<(String, usize, usize)>>,
+    /// Pieces served with one byte flipped (not verified here: the cache
+    /// must catch them).
+    corrupt_pieces: Mutex<HashSet<usize>>,
 }
 
 impl TestSource {
@@ -292,6 +300,23 @@ impl ChunkSource for TestSource {
             bytes[0] ^= 0xff;
         }
         Ok(Bytes::from(bytes))
+    }
+
+    async fn fetch_pieces(&self, layer: &LayerManifest, first: usize, count: usize) -> Result<Vec<Bytes>, BlobError> {
+        self.piece_runs.lock().unwrap().push((layer.digest.clone(), first, count));
+        let images = self.images.lock().unwrap();
+        let image = images.get(&layer.digest).ok_or_else(|| BlobError::NotFound(layer.digest.clone()))?;
+        let corrupt = self.corrupt_pieces.lock().unwrap();
+        Ok((first..first + count)
+            .map(|index| {
+                let (offset, len) = layer.fetch_unit_extent(index).unwrap();
+                let mut bytes = image[offset as usize..(offset + len) as usize].to_vec();
+                if corrupt.contains(&index) {
+                    bytes[len as usize / 2] ^= 0xff;
+                }
+                Bytes::from(bytes)
+            })
+            .collect())
     }
 
     async fn fetch_metadata_blob(&self, layer: &LayerManifest) -> Result<Bytes, BlobError> {
@@ -341,7 +366,13 @@ impl Fixture {
     }
 
     fn config(&self, capacity_bytes: u64) -> CacheConfig {
-        CacheConfig { dir: self.cache_dir(), capacity_bytes, holder: holder_command(), fill_threads: 4 }
+        CacheConfig {
+            dir: self.cache_dir(),
+            capacity_bytes,
+            holder: holder_command(),
+            fill_threads: 4,
+            readahead_kb: Some(DEFAULT_READAHEAD_KB),
+        }
     }
 
     fn hang_marker(&self) -> PathBuf {
@@ -681,8 +712,13 @@ fn crash_child_entry_point() {
         source.images.lock().unwrap().insert(plan.manifest.digest.clone(), fs::read(&plan.image).unwrap());
         *source.hanging.lock().unwrap() = plan.hanging.into_iter().collect();
         *source.hang_marker.lock().unwrap() = Some(plan.hang_marker);
-        let config =
-            CacheConfig { dir: plan.cache_dir, capacity_bytes: 1 << 30, holder: holder_command(), fill_threads: 2 };
+        let config = CacheConfig {
+            dir: plan.cache_dir,
+            capacity_bytes: 1 << 30,
+            holder: holder_command(),
+            fill_threads: 2,
+            readahead_kb: None,
+        };
         let cache = LayerCache::open_with(config, Arc::new(source)).await.unwrap();
         let lease = cache.acquire(&plan.manifest).await.unwrap();
         println!("{CHILD_READY} {}", lease.mount_path().display());
@@ -1077,4 +1113,172 @@ async fn reopening_keeps_verified_metadata_pages_and_refetches_damaged_ones() {
     assert!(layer.files.keys().all(|p| tree.contains_key(p)));
     drop(lease);
     cache.shutdown().await.unwrap();
+}
+
+// ---------------------------------------------------------------- pieces
+
+const PIECE: u64 = 16 * 1024;
+
+/// `built` with piece digests (and a metadata blob), as a push makes it.
+fn with_pieces(built: Built) -> Built {
+    let mut built = with_metadata_blob(built);
+    built.manifest.piece_size = Some(PIECE);
+    built.manifest.pieces =
+        built.image.chunks(PIECE as usize).map(|p| format!("sha256:{}", hex(&Sha256::digest(p)))).collect();
+    built.manifest.validate().unwrap();
+    built
+}
+
+impl Built {
+    fn pieces_of(&self, file: &str) -> BTreeSet<usize> {
+        self.extents[file]
+            .iter()
+            .flat_map(|&(offset, len)| (offset / PIECE) as usize..=((offset + len - 1) / PIECE) as usize)
+            .collect()
+    }
+}
+
+impl TestSource {
+    /// Every piece requested for `layer`, in request order.
+    fn pieces_fetched(&self, layer: &Built) -> Vec<usize> {
+        let runs = self.piece_runs.lock().unwrap();
+        runs.iter()
+            .filter(|(d, _, _)| *d == layer.manifest.digest)
+            .flat_map(|&(_, first, n)| first..first + n)
+            .collect()
+    }
+}
+
+/// Whether `[offset, offset + len)` of `path` holds no data (a hole in the
+/// sparse layer file). `lseek` raises no pre-content event.
+fn is_hole(path: &Path, offset: u64, len: u64) -> bool {
+    let file = fs::File::open(path).unwrap();
+    match rustix::fs::seek(&file, rustix::fs::SeekFrom::Data(offset)) {
+        Ok(next_data) => next_data >= offset + len,
+        Err(rustix::io::Errno::NXIO) => true,
+        Err(e) => panic!("SEEK_DATA: {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_pieces_a_read_fetches_only_the_pieces_under_its_file_in_ranged_runs() {
+    let fx = Fixture::new();
+    let layer = with_pieces(build_layer("pieces", layer_files(21, 24)));
+    let source = TestSource::with(&[&layer]);
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    assert!(source.fetched(&layer).is_empty() && source.pieces_fetched(&layer).is_empty(), "only the blob came");
+
+    let name = "data/file007";
+    assert_eq!(read(&lease.mount_path().join(name)).unwrap(), layer.files[name]);
+
+    let fetched = source.pieces_fetched(&layer);
+    let unique: BTreeSet<usize> = fetched.iter().copied().collect();
+    assert_eq!(unique.len(), fetched.len(), "a piece was fetched twice: {fetched:?}");
+    assert!(source.fetched(&layer).is_empty(), "no whole chunk was fetched");
+    let under_file = layer.pieces_of(name);
+    assert!(unique.is_subset(&under_file), "fetched {unique:?}, the file lies in {under_file:?}");
+    // All of the file's data pieces came (a piece made only of metadata
+    // pages would not need to, and a ~250 KB file has at most two of them).
+    assert!(unique.len() + 2 >= under_file.len(), "fetched {unique:?} of {under_file:?}");
+    let runs: Vec<(usize, usize)> = source.piece_runs.lock().unwrap().iter().map(|&(_, f, n)| (f, n)).collect();
+    assert!(runs.len() < fetched.len(), "neighbouring pieces were coalesced: {runs:?}");
+    let per_chunk = (CHUNK / PIECE) as usize;
+    for &(first, n) in &runs {
+        assert_eq!(first / per_chunk, (first + n - 1) / per_chunk, "run {first}+{n} crosses a chunk");
+    }
+    // A small read costs less than the chunk it falls in, readahead
+    // window included.
+    let other = "data/file011";
+    let mut head = [0u8; 4096];
+    let file = fs::File::open(lease.mount_path().join(other)).unwrap();
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut head, 0).unwrap();
+    assert_eq!(&head[..], &layer.files[other][..4096]);
+    let small: Vec<usize> = source.pieces_fetched(&layer).into_iter().filter(|i| !unique.contains(i)).collect();
+    assert!(!small.is_empty() && (small.len() as u64) * PIECE < CHUNK, "a 4 KiB read fetched pieces {small:?}");
+    drop(file);
+
+    // Presence is per piece: the bitmap has one byte per piece, set for
+    // exactly the pieces fetched (and those made only of metadata pages).
+    let hex = &layer.manifest.digest[7..];
+    let bitmap = fs::read(fx.cache_dir().join(format!("{hex}.present"))).unwrap();
+    assert_eq!(bitmap.len(), layer.manifest.pieces.len());
+    for index in &unique {
+        assert_eq!(bitmap[*index], 1, "piece {index} fetched but not marked present");
+    }
+    let stats = &cache.stats()[0];
+    let all = source.pieces_fetched(&layer);
+    assert_eq!(stats.chunks_fetched, all.len() as u64, "fetch units are pieces");
+    let piece_bytes: u64 = all.iter().map(|&i| layer.manifest.fetch_unit_extent(i).unwrap().1).sum();
+    assert_eq!(stats.bytes_fetched - stats.metadata_bytes_fetched, piece_bytes);
+
+    // The next file's pieces in a chunk already partly present come alone.
+    source.piece_runs.lock().unwrap().clear();
+    for (path, bytes) in &layer.files {
+        assert_eq!(&read(&lease.mount_path().join(path)).unwrap(), bytes, "{path}");
+    }
+    let again: BTreeSet<usize> = source.pieces_fetched(&layer).into_iter().collect();
+    let unique: BTreeSet<usize> = unique.into_iter().chain(small).collect();
+    assert!(again.is_disjoint(&unique), "present pieces were fetched again: {:?}", again.intersection(&unique));
+    cache.fetch_all(&lease).await.unwrap();
+    assert_eq!(fs::read(lease.file_path()).unwrap(), layer.image);
+
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_piece_that_does_not_match_its_digest_fails_the_read_with_eio_and_is_not_written() {
+    let fx = Fixture::new();
+    let layer = with_pieces(build_layer("badpiece", layer_files(22, 8)));
+    let source = TestSource::with(&[&layer]);
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+
+    let name = "data/file004";
+    // A piece well inside the file: all data, no metadata page in it.
+    let pieces: Vec<usize> = layer.pieces_of(name).into_iter().collect();
+    let bad = pieces[pieces.len() / 2];
+    *source.corrupt_pieces.lock().unwrap() = HashSet::from([bad]);
+    assert_eq!(read_errno(&lease.mount_path().join(name)), Some(libc::EIO), "a corrupt piece reads as EIO");
+    assert!(source.pieces_fetched(&layer).contains(&bad));
+
+    let (offset, len) = layer.manifest.fetch_unit_extent(bad).unwrap();
+    assert!(is_hole(lease.file_path(), offset, len), "the corrupt piece's bytes reached the layer file");
+    let hex = &layer.manifest.digest[7..];
+    let bitmap = fs::read(fx.cache_dir().join(format!("{hex}.present"))).unwrap();
+    assert_eq!(bitmap[bad], 0, "the corrupt piece is not marked present");
+    assert!(cache.stats()[0].failed_fills >= 1);
+
+    // Fixed at the source, the same read succeeds: nothing was poisoned.
+    source.corrupt_pieces.lock().unwrap().clear();
+    assert_eq!(read(&lease.mount_path().join(name)).unwrap(), layer.files[name]);
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_mount_gets_the_configured_readahead_window() {
+    let fx = Fixture::new();
+    let layer = with_pieces(build_layer("ra", layer_files(23, 2)));
+    let source = TestSource::with(&[&layer]);
+    let config = CacheConfig { readahead_kb: Some(12), ..fx.config(1 << 30) };
+    let cache = LayerCache::open_with(config, source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    assert_eq!(mount_readahead_kb(lease.mount_path()), 12);
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+/// The readahead window of the filesystem mounted at `path`, from its bdi.
+fn mount_readahead_kb(path: &Path) -> u32 {
+    const FS_IOC_GETFSSYSFSPATH: libc::c_ulong = 0x8081_1501;
+    let dir = fs::File::open(path).unwrap();
+    let mut buf = [0u8; 129];
+    // SAFETY: the ioctl writes at most 129 bytes (its encoded size) into `buf`.
+    let rc = unsafe { libc::ioctl(dir.as_raw_fd(), FS_IOC_GETFSSYSFSPATH, buf.as_mut_ptr()) };
+    assert_eq!(rc, 0, "FS_IOC_GETFSSYSFSPATH: {}", std::io::Error::last_os_error());
+    let sysfs = std::str::from_utf8(&buf[1..1 + buf[0] as usize]).unwrap();
+    let bdi = sysfs.rsplit('/').next().unwrap();
+    fs::read_to_string(format!("/sys/class/bdi/{bdi}/read_ahead_kb")).unwrap().trim().parse().unwrap()
 }

@@ -293,6 +293,19 @@ int warren_egress(struct __sk_buff *skb)
 		__builtin_memcpy(addr, &ip6.daddr, 16);
 		protocol = ip6.nexthdr;
 		family = AF_INET6;
+		// The kernel's own link traffic: MLD and anything else to
+		// link-scope multicast (ff02::/16) never leaves the veth, and
+		// neighbour discovery (hop limit 255) is what makes the gateway
+		// reachable at all. No sandbox socket can send these: raw and
+		// ICMP sockets are refused at socket(), and UDP to ff02:: at
+		// sendmsg().
+		if (addr[0] == 0xff && addr[1] == 0x02)
+			return 1;
+		if (protocol == IPPROTO_ICMPV6 && ip6.hop_limit == 255) {
+			__u8 type;
+			if (!bpf_skb_load_bytes(skb, sizeof(ip6), &type, 1) && (type == 135 || type == 136))
+				return 1;
+		}
 		if (!bpf_skb_load_bytes(skb, sizeof(ip6) + 2, &dport, 2))
 			port = bpf_ntohs(dport);
 	} else {

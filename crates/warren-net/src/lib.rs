@@ -3,9 +3,12 @@
 //! maps. Never runs in the sandbox (and is not linked into `warren-init`).
 //!
 //! A sandbox in `allowlist` mode gets a veth pair (`eth0` inside, a /30 of
-//! the node's pool), a default route through the host end, masquerade for
-//! the pool, and the node's egress programs attached to its cgroup2
-//! directory. Its policy lives in one LPM map keyed by (cgroup id, prefix),
+//! the node's IPv4 pool and a /126 of its IPv6 pool), default routes of
+//! both families through the host end, masquerade (NAT44 and NAT66) for
+//! the pools, and the node's egress programs attached to its cgroup2
+//! directory. IPv6 needs per-interface `force_forwarding` (Linux 6.17+);
+//! without it sandboxes are IPv4 only (see `forwarding.rs`). Its policy
+//! lives in one LPM map keyed by (cgroup id, prefix) for both families,
 //! so changing it is a map update that the next `connect()`/`sendmsg()`
 //! sees, and the `cgroup_skb/egress` backstop drops packets of sockets
 //! connected before a rule went away.
@@ -13,17 +16,20 @@
 //! Invariants: a sandbox's egress is refused unless its policy allows it
 //! (loopback and the platform resolver always are); every veth, map entry,
 //! program attachment, nft table and pinned map is removed on detach or
-//! shutdown, and found by [`Network::recover`] after a crash.
+//! shutdown, and found by [`Network::recover`] after a crash; the node
+//! never changes a host-wide forwarding switch for IPv6, and lets go of
+//! the per-interface ones it holds when it releases the network.
 
 mod bpf;
 pub mod dns;
+mod forwarding;
 mod netlink;
 mod nft;
 pub mod policy;
 mod resolver;
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -81,6 +87,9 @@ pub struct NetConfig {
     /// The IPv4 pool the sandboxes' /30s come from; `None` picks a /20 in
     /// 10.128.0.0/9 from a hash of the instance name.
     pub pool: Option<(Ipv4Addr, u8)>,
+    /// The IPv6 pool the sandboxes' /126s come from; `None` picks a ULA
+    /// /64 (`fdXX:XXXX:XXXX::/64`) from a hash of the instance name.
+    pub pool6: Option<(Ipv6Addr, u8)>,
     /// Where each sandbox's network state is kept for re-adoption.
     pub state_dir: PathBuf,
     /// Names the resolver answers without asking the host (`/etc/hosts` format).
@@ -95,6 +104,17 @@ pub fn parse_pool(text: &str) -> Result<(Ipv4Addr, u8)> {
             Ok((Ipv4Addr::from(u32::from(addr) & mask), len))
         }
         _ => Err(Error::Config(format!("sandbox network {text:?}: want an IPv4 prefix between /8 and /28"))),
+    }
+}
+
+/// Parses `fd12:3456:789a::/64` into an IPv6 pool (a /32 to a /120).
+pub fn parse_pool6(text: &str) -> Result<(Ipv6Addr, u8)> {
+    match warren_api::parse_cidr(text) {
+        Some((IpAddr::V6(addr), len)) if (32..=120).contains(&len) => {
+            let mask = u128::MAX << (128 - len);
+            Ok((Ipv6Addr::from(u128::from(addr) & mask), len))
+        }
+        _ => Err(Error::Config(format!("sandbox IPv6 network {text:?}: want an IPv6 prefix between /32 and /120"))),
     }
 }
 
@@ -119,12 +139,17 @@ pub enum NetEventKind {
 /// Receives (sandbox id, event).
 pub type EventSink = Arc<dyn Fn(&str, NetEvent) + Send + Sync>;
 
-/// How a sandbox reaches the world: its address and its gateway (also its
-/// resolver).
+/// How a sandbox reaches the world: its addresses and gateways (the IPv4
+/// gateway is also its resolver; the IPv6 pair is `None` on a host without
+/// IPv6 forwarding per interface).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Endpoint {
     pub address: Ipv4Addr,
     pub gateway: Ipv4Addr,
+    #[serde(default)]
+    pub address6: Option<Ipv6Addr>,
+    #[serde(default)]
+    pub gateway6: Option<Ipv6Addr>,
 }
 
 /// What is kept on disk about one sandbox's network.
@@ -155,6 +180,8 @@ struct Started {
 pub(crate) struct Inner {
     cfg: NetConfig,
     pool: (Ipv4Addr, u8),
+    /// `None` when the kernel cannot forward IPv6 per interface.
+    pool6: Option<(Ipv6Addr, u8)>,
     veth_prefix: String,
     table: String,
     sink: EventSink,
@@ -189,6 +216,20 @@ impl Network {
                 (Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + (block << 12)), 20)
             }
         };
+        let pool6 = cfg.pool6.unwrap_or_else(|| default_pool6(&cfg.instance));
+        // Every IPv4 slot needs its IPv6 /126.
+        if 126 - u32::from(pool6.1) < 30 - u32::from(pool.1) {
+            return Err(Error::Config(format!(
+                "the IPv6 pool {}/{} has fewer /126s than the IPv4 pool {}/{} has /30s",
+                pool6.0, pool6.1, pool.0, pool.1
+            )));
+        }
+        let pool6 = if forwarding::supported() {
+            Some(pool6)
+        } else {
+            tracing::warn!("this kernel has no IPv6 force_forwarding (Linux 6.17+): sandboxes get IPv4 egress only");
+            None
+        };
         std::fs::create_dir_all(&cfg.state_dir)
             .map_err(|e| Error::io(format!("mkdir {}", cfg.state_dir.display()), e))?;
         let veth_prefix = format!("wr{:06x}", hash(&cfg.instance) & 0xff_ffff);
@@ -197,6 +238,7 @@ impl Network {
             inner: Arc::new(Inner {
                 cfg,
                 pool,
+                pool6,
                 veth_prefix,
                 table,
                 sink,
@@ -211,8 +253,13 @@ impl Network {
         format!("{}/{}", self.inner.pool.0, self.inner.pool.1)
     }
 
+    /// The IPv6 pool, `None` when sandboxes get IPv4 only.
+    pub fn pool6(&self) -> Option<String> {
+        self.inner.pool6.map(|(addr, len)| format!("{addr}/{len}"))
+    }
+
     /// Loads the programs (once), installs the nft table and turns on IPv4
-    /// forwarding.
+    /// forwarding (and IPv6 forwarding on the uplinks, see `forwarding.rs`).
     fn ensure_started(&self, cgroup_dir: &Path) -> Result<()> {
         let mut started = lock(&self.inner.started);
         if started.is_some() {
@@ -220,13 +267,29 @@ impl Network {
         }
         let level = cgroup_level(cgroup_dir)?;
         let programs = bpf::Programs::load(&self.inner.cfg.instance, level)?;
-        nft::install(&self.inner.table, &self.pool(), &format!("{}*", self.inner.veth_prefix))?;
+        nft::install(
+            &self.inner.table,
+            &self.pool(),
+            self.pool6().as_deref(),
+            &format!("{}*", self.inner.veth_prefix),
+        )?;
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(|e| Error::io("turn on IPv4 forwarding", e))?;
+        self.hold_uplinks()?;
         let stop_reader = Arc::new(AtomicBool::new(false));
         let weak = Arc::downgrade(&self.inner);
         let reader = bpf::read_denials(programs.denials()?, Arc::clone(&stop_reader), move |d| deliver(&weak, d))?;
         *started = Some(Started { programs, stop_reader, reader: Some(reader) });
         Ok(())
+    }
+
+    /// Turns on IPv6 forwarding on the host interfaces replies come back
+    /// on, and lets only those replies through there (nft set `forced6`).
+    fn hold_uplinks(&self) -> Result<()> {
+        if self.inner.pool6.is_none() {
+            return Ok(());
+        }
+        let held = forwarding::hold_uplinks(&self.inner.cfg.instance, &format!("{}h", self.inner.veth_prefix))?;
+        nft::add_forced(&self.inner.table, &held)
     }
 
     fn with_programs<T>(&self, f: impl FnOnce(&bpf::Programs) -> Result<T>) -> Result<T> {
@@ -264,6 +327,8 @@ impl Network {
     /// The host-side work of [`Network::attach`], blocking.
     fn plumb(&self, id: &str, netns: OwnedFd, cgroup_dir: &Path) -> Result<SandboxState> {
         self.ensure_started(cgroup_dir)?;
+        // Interfaces made since the last sandbox (a new uplink) too.
+        self.hold_uplinks()?;
         let cgroup = open_dir(cgroup_dir)?;
         let cgroup_id =
             std::fs::metadata(cgroup_dir).map_err(|e| Error::io(format!("stat {}", cgroup_dir.display()), e))?.ino();
@@ -329,7 +394,14 @@ impl Network {
 
     fn endpoint(&self, slot: u32) -> Endpoint {
         let base = u32::from(self.inner.pool.0) + slot * 4;
-        Endpoint { gateway: Ipv4Addr::from(base + 1), address: Ipv4Addr::from(base + 2) }
+        // Slot-aligned /126s: the checked pool sizes leave room for each.
+        let base6 = self.inner.pool6.map(|(addr, _)| u128::from(addr) + u128::from(slot) * 4);
+        Endpoint {
+            gateway: Ipv4Addr::from(base + 1),
+            address: Ipv4Addr::from(base + 2),
+            gateway6: base6.map(|b| Ipv6Addr::from(b + 1)),
+            address6: base6.map(|b| Ipv6Addr::from(b + 2)),
+        }
     }
 
     /// Replaces sandbox `id`'s rules. Domain rules take effect through the
@@ -535,7 +607,7 @@ impl Network {
             }
         }
         nft::remove(&self.inner.table)?;
-        Ok(())
+        forwarding::release_uplinks(&self.inner.cfg.instance)
     }
 
     /// Stops the network: the denial reader ends and, when no sandbox is
@@ -607,13 +679,30 @@ pub fn check_rules(rules: &[NetworkRule]) -> Result<()> {
         .map_err(|e| Error::Policy { field: "rules".into(), message: e.to_string() })
 }
 
-/// What every sandbox may reach: its resolver on the gateway (port 53) and
-/// its own address.
+/// What every sandbox may reach: its resolver on the IPv4 gateway (port
+/// 53) and its own addresses. The resolver does not listen on IPv6.
 fn base_rules(endpoint: &Endpoint) -> Vec<AddrRule> {
-    vec![
+    let mut rules = vec![
         AddrRule { prefix: Prefix::host(IpAddr::V4(endpoint.gateway)), ports: vec![53], protocol: Protocol::Any },
         AddrRule { prefix: Prefix::host(IpAddr::V4(endpoint.address)), ports: Vec::new(), protocol: Protocol::Any },
-    ]
+    ];
+    if let Some(address6) = endpoint.address6 {
+        rules.push(AddrRule { prefix: Prefix::host(IpAddr::V6(address6)), ports: Vec::new(), protocol: Protocol::Any });
+    }
+    rules
+}
+
+/// The default IPv6 pool: a ULA /64 whose 40-bit global id comes from the
+/// instance name (RFC 4193 wants it random; a hash keeps it stable across
+/// restarts and distinct between instances).
+fn default_pool6(instance: &str) -> (Ipv6Addr, u8) {
+    let a = hash(instance).to_be_bytes();
+    let b = hash(&format!("{instance}/ipv6")).to_be_bytes();
+    let mut octets = [0u8; 16];
+    octets[0] = 0xfd;
+    octets[1..5].copy_from_slice(&a);
+    octets[5] = b[0];
+    (Ipv6Addr::from(octets), 64)
 }
 
 fn same_ports(rule: &NetworkRule, pin: &AddrRule) -> bool {
@@ -625,23 +714,43 @@ fn make_veth(host_if: &str, netns: OwnedFd, endpoint: Endpoint) -> Result<()> {
     let mut nl = netlink::Netlink::open().map_err(|e| Error::io("open netlink", e))?;
     nl.delete_link(host_if).map_err(|e| Error::io(format!("delete stale {host_if}"), e))?;
     nl.add_veth(host_if, "eth0", netns.as_fd()).map_err(|e| Error::io(format!("make veth {host_if}"), e))?;
-    nl.add_address(host_if, endpoint.gateway, 30).map_err(|e| Error::io(format!("address {host_if}"), e))?;
-    no_ipv6(host_if);
+    nl.add_address(host_if, IpAddr::V4(endpoint.gateway), 30)
+        .map_err(|e| Error::io(format!("address {host_if}"), e))?;
+    match endpoint.gateway6 {
+        Some(gateway6) => {
+            forwarding::configure_veth_end(host_if, true)
+                .map_err(|e| Error::io(format!("IPv6 settings of {host_if}"), e))?;
+            nl.add_address(host_if, IpAddr::V6(gateway6), 126)
+                .map_err(|e| Error::io(format!("IPv6 address {host_if}"), e))?;
+        }
+        None => no_ipv6(host_if),
+    }
     nl.set_up(host_if).map_err(|e| Error::io(format!("set {host_if} up"), e))?;
     netlink::in_netns(netns, move || {
         let mut nl = netlink::Netlink::open()?;
         // /proc/sys/net is the opening thread's network namespace's.
-        no_ipv6("eth0");
-        nl.add_address("eth0", endpoint.address, 30)?;
+        match endpoint.address6 {
+            Some(_) => forwarding::configure_veth_end("eth0", false)?,
+            None => no_ipv6("eth0"),
+        }
+        nl.add_address("eth0", IpAddr::V4(endpoint.address), 30)?;
+        if let Some(address6) = endpoint.address6 {
+            nl.add_address("eth0", IpAddr::V6(address6), 126)?;
+        }
         nl.set_up("eth0")?;
         nl.set_up("lo")?;
-        nl.add_default_route("eth0", endpoint.gateway)
+        nl.add_default_route("eth0", IpAddr::V4(endpoint.gateway))?;
+        match endpoint.gateway6 {
+            Some(gateway6) => nl.add_default_route("eth0", IpAddr::V6(gateway6)),
+            None => Ok(()),
+        }
     })
     .map_err(|e| Error::io("configure eth0 in the sandbox", e))
 }
 
-/// Egress is IPv4 only: no link-local IPv6 between the sandbox and the
-/// host either. Best effort (a kernel without IPv6 has nothing to disable).
+/// On a host that cannot forward IPv6 per interface: no IPv6 at all, not
+/// even link-local between the sandbox and the host. Best effort (a kernel
+/// without IPv6 has nothing to disable).
 fn no_ipv6(interface: &str) {
     let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{interface}/disable_ipv6"), "1");
 }
@@ -737,5 +846,15 @@ mod tests {
         assert!(parse_pool("10.0.0.0/30").is_err());
         assert!(parse_pool("fd00::/64").is_err());
         assert!(parse_pool("nonsense").is_err());
+    }
+
+    #[test]
+    fn ipv6_pools_are_checked_and_masked() {
+        assert_eq!(parse_pool6("fd12:3456:789a:1::5/64").unwrap(), ("fd12:3456:789a:1::".parse().unwrap(), 64));
+        assert!(parse_pool6("fd00::/124").is_err(), "too small for one /126 per slot");
+        assert!(parse_pool6("10.0.0.0/16").is_err());
+        let (addr, len) = default_pool6("some-instance");
+        assert_eq!((addr.octets()[0], len), (0xfd, 64), "a ULA /64");
+        assert_ne!(default_pool6("other-instance"), (addr, len));
     }
 }

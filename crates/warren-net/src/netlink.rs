@@ -1,12 +1,13 @@
 //! The few rtnetlink requests the plumbing needs, written out by hand:
 //! make a veth pair with one end in another network namespace, set links
-//! up, add an address and a default route, delete and list links.
+//! up, add an address and a default route (IPv4 or IPv6), delete and list
+//! links.
 //!
 //! A netlink socket acts in the network namespace it was made in, so
 //! [`in_netns`] runs a closure on a thread that has joined the sandbox's.
 
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use std::os::fd::FromRawFd;
@@ -41,6 +42,10 @@ const NLA_F_NESTED: u16 = 0x8000;
 
 const IFF_UP: u32 = 0x1;
 const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+/// No duplicate address detection: the veth has one peer, and a tentative
+/// address would refuse the sandbox's first connections.
+const IFA_F_NODAD: u8 = 0x02;
 const RT_TABLE_MAIN: u8 = 254;
 const RTPROT_BOOT: u8 = 3;
 const RTN_UNICAST: u8 = 1;
@@ -172,22 +177,32 @@ impl Netlink {
         self.request(&mut msg)
     }
 
-    pub fn add_address(&mut self, name: &str, addr: Ipv4Addr, prefix_len: u8) -> io::Result<()> {
+    pub fn add_address(&mut self, name: &str, addr: IpAddr, prefix_len: u8) -> io::Result<()> {
         let index = index_of(name)?;
         let mut msg = Msg::new(RTM_NEWADDR, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL);
+        let (family, flags, octets) = match addr {
+            IpAddr::V4(a) => (AF_INET, 0, a.octets().to_vec()),
+            IpAddr::V6(a) => (AF_INET6, IFA_F_NODAD, a.octets().to_vec()),
+        };
         let mut ifa = [0u8; 8];
-        ifa[0] = AF_INET;
+        ifa[0] = family;
         ifa[1] = prefix_len;
+        ifa[2] = flags;
         ifa[4..8].copy_from_slice(&(index as u32).to_ne_bytes());
-        msg.raw(&ifa).attr(IFA_LOCAL, &addr.octets()).attr(IFA_ADDRESS, &addr.octets());
+        msg.raw(&ifa).attr(IFA_LOCAL, &octets).attr(IFA_ADDRESS, &octets);
         self.request(&mut msg)
     }
 
-    pub fn add_default_route(&mut self, name: &str, gateway: Ipv4Addr) -> io::Result<()> {
+    /// A default route of `gateway`'s family through link `name`.
+    pub fn add_default_route(&mut self, name: &str, gateway: IpAddr) -> io::Result<()> {
         let index = index_of(name)?;
         let mut msg = Msg::new(RTM_NEWROUTE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL);
-        let rtm = [AF_INET, 0, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, 0, RTN_UNICAST, 0, 0, 0, 0];
-        msg.raw(&rtm).attr(RTA_GATEWAY, &gateway.octets()).attr(RTA_OIF, &(index as u32).to_ne_bytes());
+        let (family, octets) = match gateway {
+            IpAddr::V4(a) => (AF_INET, a.octets().to_vec()),
+            IpAddr::V6(a) => (AF_INET6, a.octets().to_vec()),
+        };
+        let rtm = [family, 0, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, 0, RTN_UNICAST, 0, 0, 0, 0];
+        msg.raw(&rtm).attr(RTA_GATEWAY, &octets).attr(RTA_OIF, &(index as u32).to_ne_bytes());
         self.request(&mut msg)
     }
 

@@ -5,7 +5,10 @@
 //! `max_sandboxes`, and the memory of running sandboxes plus creates under
 //! way against `max_memory_mib` when set. A paused sandbox's memory is
 //! *reclaimable* (its processes cannot touch it) and is not counted
-//! against `max_memory_mib`; it still holds its sandbox slot.
+//! against `max_memory_mib`; it still holds its sandbox slot. What a driver
+//! runs beside the sandboxes (a VM snapshot template guest) reserves its
+//! memory and CPUs here ([`DriverBooks`]): committed like a create under
+//! way, without a sandbox slot.
 //!
 //! Invariants: waiting creates are admitted in arrival order (a create that
 //! does not wait never overtakes one that does: with a queue it is refused);
@@ -14,13 +17,14 @@
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use warren_api::{NodeBooks, SandboxState};
+use warren_backend::{HostBooks, Reservation};
 
-use crate::{Node, NodeError, Result};
+use crate::{Inner, Node, NodeError, Result};
 
 /// Waiters look again this often even without a wake-up: room can appear
 /// without a call through this module (a sandbox's init dies and the reaper
@@ -49,6 +53,10 @@ struct Books {
     /// Creates admitted and not finished yet, and their memory.
     creating: usize,
     creating_memory_mib: u64,
+    /// Drivers' reservations ([`DriverBooks`]); CPUs in thousandths, so
+    /// that releases subtract exactly what was added.
+    reserved_memory_mib: u64,
+    reserved_millicpus: u64,
 }
 
 struct Waiter {
@@ -96,6 +104,12 @@ impl Admission {
     /// True when one more create cannot join the queue.
     pub(crate) fn is_full(&self) -> bool {
         self.books().waiting.len() >= self.limit
+    }
+
+    /// Memory (MiB) and CPUs the drivers hold reserved now.
+    pub(crate) fn reserved(&self) -> (u64, f64) {
+        let books = self.books();
+        (books.reserved_memory_mib, books.reserved_millicpus as f64 / 1000.0)
     }
 
     /// Whether the create of sandbox `id` waits in the queue now.
@@ -208,12 +222,19 @@ impl Node {
         if live + books.creating >= self.inner.cfg.max_sandboxes {
             return Err(NodeError::Capacity(live));
         }
-        if let Some(max) = self.inner.cfg.max_memory_mib {
-            if committed + books.creating_memory_mib + memory_mib > max {
-                return Err(NodeError::Capacity(live));
-            }
+        if !self.memory_fits(books, committed, memory_mib) {
+            return Err(NodeError::Capacity(live));
         }
         Ok(())
+    }
+
+    /// Whether `memory_mib` more fits `max_memory_mib` beside `committed`
+    /// (running sandboxes), the creates under way and the reservations.
+    fn memory_fits(&self, books: &Books, committed: u64, memory_mib: u64) -> bool {
+        self.inner
+            .cfg
+            .max_memory_mib
+            .is_none_or(|max| committed + books.creating_memory_mib + books.reserved_memory_mib + memory_mib <= max)
     }
 
     /// Live sandboxes, paused ones among them, and the memory (MiB) of the
@@ -244,10 +265,52 @@ impl Node {
             sandboxes_live: live as u64,
             sandboxes_paused: paused as u64,
             memory_mib_max: self.inner.cfg.max_memory_mib,
-            memory_mib_committed: committed + books.creating_memory_mib,
+            memory_mib_committed: committed + books.creating_memory_mib + books.reserved_memory_mib,
             memory_mib_reclaimable: reclaimable,
             queue_waiting: books.waiting.len() as u64,
             queue_limit: admission.limit as u64,
         }
+    }
+}
+
+/// The books as the drivers see them ([`warren_backend::HostBooks`]). Holds
+/// the node weakly: a driver keeps it, and the node keeps its drivers.
+pub(crate) struct DriverBooks(pub(crate) Weak<Inner>);
+
+impl HostBooks for DriverBooks {
+    fn reserve(&self, memory_mib: u64, cpus: f64) -> Option<Reservation> {
+        let node = Node { inner: self.0.upgrade()? };
+        let millicpus = (cpus.max(0.0) * 1000.0).round() as u64;
+        {
+            let mut books = node.inner.admission.books();
+            // No sandbox slot: a reservation is not a sandbox.
+            let (_, _, committed, _) = node.live_books();
+            if !books.waiting.is_empty() || !node.memory_fits(&books, committed, memory_mib) {
+                return None;
+            }
+            books.reserved_memory_mib += memory_mib;
+            books.reserved_millicpus += millicpus;
+        }
+        let inner = Arc::downgrade(&node.inner);
+        Some(Reservation::new(Reserved { inner, memory_mib, millicpus }))
+    }
+}
+
+/// Gives a driver's reservation back when dropped.
+struct Reserved {
+    inner: Weak<Inner>,
+    memory_mib: u64,
+    millicpus: u64,
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.upgrade() else { return };
+        {
+            let mut books = inner.admission.books();
+            books.reserved_memory_mib -= self.memory_mib;
+            books.reserved_millicpus -= self.millicpus;
+        }
+        inner.admission.bump();
     }
 }

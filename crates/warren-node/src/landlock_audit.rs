@@ -2,37 +2,45 @@
 //!
 //! The kernel reports a Landlock refusal only as audit records, and only
 //! while audit is enabled host-wide. A listener thread reads them
-//! (`warren_guard::audit`), groups each event's records by their serial,
-//! finds the sandbox (the refusing domain's creator, or the refused
-//! process, through `/proc/PID/cgroup`) and records a `landlock` event.
+//! (`warren_guard::audit`), finds the sandbox (the refusing domain's
+//! creator, or the refused process, through `/proc/PID/cgroup`) and records
+//! a `landlock` event.
 //!
-//! - `on`: with no audit daemon registered, the node registers itself as
-//!   the daemon and enables audit (raising a tiny backlog limit); with one
-//!   registered, it only listens on the read-log multicast group. A clean
-//!   stop restores `enabled` and the backlog limit and unregisters. The
+//! - `auto` (default) and `on`: with no audit daemon registered, the node
+//!   registers itself as the daemon, adds a `never,task` rule (unless one
+//!   is in force: tasks then get no audit context, so enabling audit puts
+//!   no work on every system call of the host), enables audit and raises a
+//!   tiny backlog limit; with a daemon registered, it only listens on the
+//!   read-log multicast group. A clean stop deletes exactly the rule it
+//!   added, restores `enabled` and the backlog limit and unregisters. The
 //!   node must be the daemon whenever it enables audit: without one the
-//!   kernel prints every record to the kernel log.
-//! - `auto` (default): listens on the read-log group if audit is already
-//!   enabled; changes nothing (but undoes what a crashed `on` node left).
-//! - `off`: nothing.
+//!   kernel prints every record to the kernel log. When audit cannot be
+//!   had, `on` refuses to start and `auto` warns and runs without events
+//!   (`GET /v1/stats` `landlock_events` says why).
+//! - `off`: nothing (but undoes what a crashed node left, below).
+//!
+//! Records of tasks without a context have no `AUDIT_SYSCALL`, and each
+//! has a serial of its own: the correlator then takes them one by one,
+//! mapping the refusing domain to its creator's sandbox.
 //!
 //! What the node changed is written to `<data>/landlock-audit.json` first,
 //! so that the next start after a crash can put it back (the kernel drops a
-//! dead daemon by itself, but leaves audit enabled).
-//! Never: touches the audit `failure` mode or the audit rules.
+//! dead daemon by itself, but leaves audit enabled and the rule in place).
+//! Never: touches the audit `failure` mode, or a rule it did not add.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use warren_api::SecurityEventKind;
+use warren_api::{LandlockEvents, SecurityEventKind};
 use warren_guard::audit::{
-    parse_landlock, AuditError, AuditSocket, AuditStatus, LandlockAccess, LandlockRecord, AUDIT_CONFIG_CHANGE,
+    parse_landlock, AuditError, AuditRule, AuditSocket, AuditStatus, LandlockAccess, LandlockRecord,
+    AUDIT_CONFIG_CHANGE,
 };
 
 use crate::events::Observed;
@@ -43,9 +51,12 @@ use crate::{Inner, Node};
 pub enum LandlockAuditMode {
     /// Never looks at audit.
     Off,
-    /// Becomes the audit daemon and enables audit when no daemon runs.
+    /// Becomes the audit daemon and enables audit when no daemon runs;
+    /// refuses to start when audit cannot be had.
     On,
-    /// Listens only when audit is already enabled on the host.
+    /// Like `on`, but when audit cannot be had (no `CAP_AUDIT_CONTROL`, not
+    /// in the initial user and pid namespaces) the node warns and runs
+    /// without `landlock` events.
     #[default]
     Auto,
 }
@@ -64,11 +75,11 @@ impl FromStr for LandlockAuditMode {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LandlockAuditError {
-    #[error("--landlock-audit on: {0}")]
+    #[error("cannot read Landlock's audit records: {0}")]
     Audit(#[from] AuditError),
     #[error("--landlock-audit: cannot start the listener thread: {0}")]
     Thread(#[source] std::io::Error),
-    #[error("--landlock-audit on: cannot write {path}: {source}")]
+    #[error("cannot write {path}: {source}")]
     State {
         path: PathBuf,
         #[source]
@@ -99,6 +110,9 @@ struct Takeover {
     enabled_before: u32,
     /// The backlog limit before the node raised it, if it did.
     backlog_limit_before: Option<u32>,
+    /// Whether the node added the `never,task` rule (and so deletes it).
+    #[serde(default)]
+    never_rule: bool,
 }
 
 /// The running listener; [`Listener::stop`] (or drop) ends it and restores
@@ -106,38 +120,72 @@ struct Takeover {
 pub(crate) struct Listener {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// What `GET /v1/stats` says; the thread marks it unavailable if it ends.
+    status: Arc<Mutex<LandlockEvents>>,
 }
 
 impl Listener {
-    /// Starts listening as `mode` says. `Ok(None)`: nothing to listen to
-    /// (`off`, or `auto` with audit disabled or out of reach).
+    /// Starts listening as `mode` says. Without a thread (`off`, or `auto`
+    /// where audit cannot be had) the listener only holds the reason.
     pub(crate) fn start(
         mode: LandlockAuditMode,
         node: Weak<Inner>,
         instance: String,
         data_dir: &Path,
-    ) -> Result<Option<Listener>, LandlockAuditError> {
+    ) -> Result<Listener, LandlockAuditError> {
         let state_path = data_dir.join(STATE_FILE);
-        let left = match mode {
-            LandlockAuditMode::Off => None,
-            _ => undo_crashed_takeover(&state_path),
+        // Also with `off`: what a crashed node of this data dir left is
+        // undone (nothing is touched when it left nothing).
+        let left = undo_crashed_takeover(&state_path);
+        if mode == LandlockAuditMode::Off {
+            if left.is_some() {
+                tracing::warn!("--landlock-audit off: a crashed node's audit settings could not be restored");
+            }
+            return Ok(Listener::idle("--landlock-audit off".into()));
+        }
+        let mut attempt = take_source(state_path.clone(), left);
+        if matches!(&attempt, Err(LandlockAuditError::Audit(e)) if e.is_exists()) {
+            // Another node registered as the daemon since the status was
+            // read (two starting at once): listen to it instead.
+            attempt = take_source(state_path, left);
+        }
+        let source = match attempt.and_then(|s| {
+            s.socket.set_recv_timeout(READ_TICK)?;
+            Ok(s)
+        }) {
+            Ok(source) => source,
+            Err(e) if mode == LandlockAuditMode::Auto => {
+                tracing::warn!(
+                    "landlock denials are NOT security events on this node: {e} (enabling audit needs \
+                     CAP_AUDIT_CONTROL in the initial user and pid namespaces; `--landlock-audit off` says \
+                     this is intended, `on` makes it fatal)"
+                );
+                return Ok(Listener::idle(format!("audit cannot be enabled: {e}")));
+            }
+            Err(e) => return Err(e),
         };
-        let source = match mode {
-            LandlockAuditMode::Off => return Ok(None),
-            LandlockAuditMode::Auto => match auto_source() {
-                Some(socket) => Source { socket, takeover: None, state_path },
-                None => return Ok(None),
-            },
-            LandlockAuditMode::On => on_source(state_path, left)?,
-        };
-        source.socket.set_recv_timeout(READ_TICK)?;
+        let status =
+            Arc::new(Mutex::new(LandlockEvents { available: source.available, detail: source.detail.clone() }));
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
+        let shown = Arc::clone(&status);
         let thread = std::thread::Builder::new()
             .name("landlock-audit".into())
-            .spawn(move || listen(source, node, instance, flag))
+            .spawn(move || listen(source, node, instance, flag, shown))
             .map_err(LandlockAuditError::Thread)?;
-        Ok(Some(Listener { stop, thread: Some(thread) }))
+        Ok(Listener { stop, thread: Some(thread), status })
+    }
+
+    fn idle(detail: String) -> Listener {
+        Listener {
+            stop: Arc::new(AtomicBool::new(true)),
+            thread: None,
+            status: Arc::new(Mutex::new(LandlockEvents { available: false, detail })),
+        }
+    }
+
+    pub(crate) fn status(&self) -> LandlockEvents {
+        self.status.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Ends the listener and waits until what it changed is restored.
@@ -168,84 +216,113 @@ struct Source {
     socket: AuditSocket,
     takeover: Option<Takeover>,
     state_path: PathBuf,
+    /// A `never,task` rule is in force: the refused tasks have no audit
+    /// context, so records come one by one (no `AUDIT_SYSCALL`).
+    no_context: bool,
+    available: bool,
+    detail: String,
 }
 
-fn auto_source() -> Option<AuditSocket> {
-    let status = match AuditSocket::open().and_then(|mut s| s.status()) {
-        Ok(status) => status,
-        Err(e) => {
-            tracing::info!("landlock denials are not events: cannot read the audit status ({e})");
-            return None;
-        }
-    };
-    if status.enabled == 0 {
-        tracing::info!("landlock denials are not events: audit is disabled (see --landlock-audit on)");
-        return None;
-    }
-    match AuditSocket::open_readlog() {
-        Ok(socket) => Some(socket),
-        Err(e) => {
-            tracing::warn!("landlock denials are not events: cannot join audit's read-log group ({e})");
-            None
+impl Node {
+    /// `GET /v1/stats` `landlock_events`.
+    pub(crate) fn landlock_events(&self) -> LandlockEvents {
+        match self.inner.landlock_audit.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            Some(listener) => listener.status(),
+            None => LandlockEvents { available: false, detail: "the node is not running".into() },
         }
     }
 }
 
 /// `left`: a crashed node's takeover that could not be undone; its
 /// "before" values are the host's own, not what the host shows now.
-fn on_source(state_path: PathBuf, left: Option<Takeover>) -> Result<Source, LandlockAuditError> {
+fn take_source(state_path: PathBuf, left: Option<Takeover>) -> Result<Source, LandlockAuditError> {
     let mut socket = AuditSocket::open()?;
     let status = socket.status()?;
-    if status.pid != 0 && pid_alive(status.pid) {
+    let me = std::process::id();
+    if status.pid != 0 && status.pid != me && pid_alive(status.pid) {
         tracing::info!(daemon = status.pid, "an audit daemon runs: reading its records from the read-log group");
+        let mut detail =
+            format!("reading the records of the audit daemon (pid {}) from the read-log group", status.pid);
         if status.enabled == 0 {
             tracing::warn!("audit is disabled by the running audit daemon: no landlock events until it enables it");
+            detail.push_str("; it keeps audit disabled");
         }
-        return Ok(Source { socket: AuditSocket::open_readlog()?, takeover: None, state_path });
+        let socket = AuditSocket::open_readlog()?;
+        // Another daemon's rules decide who has a context: expect one.
+        return Ok(Source {
+            socket,
+            takeover: None,
+            state_path,
+            no_context: false,
+            available: status.enabled != 0,
+            detail,
+        });
     }
+    let rule_in_force = socket.list_rules()?.iter().any(AuditRule::is_task_never);
     let takeover = match left {
-        Some(left) => Takeover { pid: std::process::id(), ..left },
+        Some(left) => Takeover { pid: me, never_rule: left.never_rule || !rule_in_force, ..left },
         None => Takeover {
-            pid: std::process::id(),
+            pid: me,
             enabled_before: status.enabled,
             backlog_limit_before: (status.backlog_limit < MIN_BACKLOG_LIMIT).then_some(status.backlog_limit),
+            never_rule: !rule_in_force,
         },
     };
     // Written first: a crash between the next calls must be undoable.
     write_state(&state_path, &takeover)?;
-    if let Err(e) = take_over(&mut socket, &status, &takeover) {
+    if let Err(e) = take_over(&mut socket, &status, &takeover, rule_in_force) {
         let _ = std::fs::remove_file(&state_path);
         return Err(e.into());
     }
     tracing::info!(
         enabled_before = takeover.enabled_before,
+        never_rule_added = takeover.never_rule,
         "registered as the audit daemon: landlock denials become events"
     );
-    Ok(Source { socket, takeover: Some(takeover), state_path })
+    let detail = "registered as the audit daemon (audit enabled, `never,task` rule in force)".to_string();
+    Ok(Source { socket, takeover: Some(takeover), state_path, no_context: true, available: true, detail })
 }
 
-/// Registers first and enables second: enabled with no daemon, the kernel
-/// would print records to the kernel log. On failure, undoes the steps
-/// that were taken.
-fn take_over(socket: &mut AuditSocket, status: &AuditStatus, takeover: &Takeover) -> Result<(), AuditError> {
+/// Registers first, adds the rule second and enables last: enabled with no
+/// daemon, the kernel would print records to the kernel log, and a task
+/// created while audit is on and the rule is not yet there gets a context
+/// for good. On failure, undoes the steps that were taken.
+fn take_over(
+    socket: &mut AuditSocket,
+    status: &AuditStatus,
+    takeover: &Takeover,
+    rule_in_force: bool,
+) -> Result<(), AuditError> {
     socket.set_pid(takeover.pid)?;
+    let nothing_else = Takeover { backlog_limit_before: None, ..*takeover };
+    if !rule_in_force {
+        match socket.add_rule(&AuditRule::task_never()) {
+            Ok(()) => {}
+            // Added since the list was read: in force, and deleted at the stop.
+            Err(e) if e.is_exists() => {}
+            Err(e) => {
+                let _ = socket.set_pid(0);
+                return Err(e);
+            }
+        }
+    }
     if status.enabled == 0 {
         if let Err(e) = socket.set_enabled(1) {
-            let _ = socket.set_pid(0);
+            give_back(socket, &nothing_else, false);
             return Err(e);
         }
     }
     if takeover.backlog_limit_before.is_some() {
         if let Err(e) = socket.set_backlog_limit(MIN_BACKLOG_LIMIT) {
-            let undo = Takeover { backlog_limit_before: None, ..*takeover };
-            give_back(socket, &undo, status.enabled == 0);
+            give_back(socket, &nothing_else, status.enabled == 0);
             return Err(e);
         }
     }
     Ok(())
 }
 
-/// Restores `enabled` and the backlog limit, reads what the kernel queued
+/// Restores the backlog limit, deletes the rule the node added, restores
+/// `enabled`, reads what the kernel queued
 /// until then (the record of the change itself comes last), and only
 /// then unregisters, so nothing queued is left for the kernel log.
 fn give_back(socket: &mut AuditSocket, takeover: &Takeover, disable: bool) {
@@ -254,14 +331,39 @@ fn give_back(socket: &mut AuditSocket, takeover: &Takeover, disable: bool) {
             tracing::warn!("cannot restore the audit backlog limit {limit}: {e}");
         }
     }
+    if takeover.never_rule {
+        match socket.delete_rule(&AuditRule::task_never()) {
+            // ENOENT: a crash came before the rule was added, or someone deleted it.
+            Err(e) if !e.is_not_found() => tracing::warn!("cannot delete the `never,task` audit rule: {e}"),
+            _ => {}
+        }
+    }
     if disable {
         match socket.set_enabled(0) {
             Ok(()) => drain_until_config_change(socket),
             Err(e) => tracing::warn!("cannot disable audit again: {e}"),
         }
+    } else if takeover.never_rule {
+        // Audit stays enabled: the record of the rule's removal is queued
+        // for this daemon, and would reach the kernel log once it is gone.
+        drain_until_quiet(socket);
     }
     if let Err(e) = socket.set_pid(0) {
         tracing::warn!("cannot unregister as the audit daemon: {e}");
+    }
+}
+
+fn drain_until_quiet(socket: &mut AuditSocket) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        match socket.recv() {
+            Ok(Some(r)) => tracing::debug!(kind = r.kind, text = %r.text, "audit record after the stop"),
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!("reading the audit records left: {e}");
+                return;
+            }
+        }
     }
 }
 
@@ -341,14 +443,22 @@ fn pid_alive(pid: u32) -> bool {
 }
 
 /// The listener thread: reads records until stopped or the node is gone.
-fn listen(mut source: Source, node: Weak<Inner>, instance: String, stop: Arc<AtomicBool>) {
-    let mut correlator = Correlator::default();
+fn listen(
+    mut source: Source,
+    node: Weak<Inner>,
+    instance: String,
+    stop: Arc<AtomicBool>,
+    status: Arc<Mutex<LandlockEvents>>,
+) {
+    let mut correlator = Correlator { no_context: source.no_context, ..Correlator::default() };
     let lookup = ProcLookup { instance };
     while !stop.load(Ordering::SeqCst) {
         let record = match source.socket.recv() {
             Ok(r) => r,
             Err(e) => {
-                tracing::error!("the landlock audit listener stops: {e}");
+                tracing::error!("the landlock audit listener stops: landlock denials are no longer events: {e}");
+                let detail = format!("the audit listener stopped: {e}");
+                *status.lock().unwrap_or_else(|p| p.into_inner()) = LandlockEvents { available: false, detail };
                 break;
             }
         };
@@ -445,6 +555,10 @@ pub(crate) struct Correlator {
     /// Domain id -> sandbox id, learnt from the domain's creator: the
     /// refused process may be gone before its records are read.
     domains: HashMap<u64, String>,
+    /// No record of a refusal has an event context (a `never,task` rule is
+    /// in force): nothing follows an access record, so one whose domain is
+    /// known is an event at once.
+    no_context: bool,
 }
 
 impl Correlator {
@@ -453,11 +567,14 @@ impl Correlator {
         match record {
             LandlockRecord::Access(access) => {
                 let serial = access.stamp.serial;
-                self.pending
-                    .insert(serial, Pending { access, process: None, syscall: None, inner_pid: None, since: now });
+                let pending = Pending { access, process: None, syscall: None, inner_pid: None, since: now };
+                if self.no_context && self.domains.contains_key(&pending.access.domain) {
+                    return self.finish(pending, lookup).into_iter().collect();
+                }
+                self.pending.insert(serial, pending);
                 Vec::new()
             }
-            LandlockRecord::DomainAllocated { domain, pid, .. } => {
+            LandlockRecord::DomainAllocated { stamp, domain, pid, .. } => {
                 if !self.domains.contains_key(&domain) {
                     if let Some(sandbox) = lookup.sandbox_of(pid) {
                         if self.domains.len() >= DOMAIN_CACHE {
@@ -466,7 +583,17 @@ impl Correlator {
                         self.domains.insert(domain, sandbox);
                     }
                 }
-                Vec::new()
+                // Within an event context the domain record shares the
+                // access's serial and the event goes on; a refusal of the
+                // domain with another serial had no context: it is complete.
+                let alone: Vec<u64> = self
+                    .pending
+                    .iter()
+                    .filter(|(s, p)| p.access.domain == domain && **s != stamp.serial)
+                    .map(|(s, _)| *s)
+                    .collect();
+                let done: Vec<Pending> = alone.into_iter().filter_map(|s| self.pending.remove(&s)).collect();
+                done.into_iter().filter_map(|p| self.finish(p, lookup)).collect()
             }
             LandlockRecord::Syscall { stamp, pid, comm, syscall } => {
                 if let Some(p) = self.pending.get_mut(&stamp.serial) {
@@ -559,6 +686,50 @@ mod tests {
         assert_eq!(d.observed.detail, "fs.read_file /answers/key");
         assert_eq!((d.observed.pid, d.observed.comm.as_str(), d.observed.time_ms), (60, "cat", 10_005));
         assert_eq!(d.observed.syscall, "openat");
+    }
+
+    #[test]
+    fn without_contexts_records_become_events_one_by_one() {
+        let mut c = Correlator { no_context: true, ..Correlator::default() };
+        let now = Instant::now();
+        // A domain's first refusal: the access record, then the domain's
+        // record with a serial of its own (no event context to share).
+        let access = r#"audit(10.5:7): domain=1f blockers=fs.read_file path="/answers/key" dev="vda" ino=1"#;
+        assert!(c.take(parsed(AUDIT_LANDLOCK_ACCESS, access), now, &Fake).is_empty(), "whose domain is unknown");
+        let domain = r#"audit(10.5:8): domain=1f status=allocated mode=enforcing pid=150 uid=0 exe="/x" comm="leader""#;
+        let done = c.take(parsed(AUDIT_LANDLOCK_DOMAIN, domain), now, &Fake);
+        assert_eq!(done.len(), 1, "the domain record completes the refusal");
+        let d = &done[0];
+        assert_eq!((d.sandbox.as_str(), d.observed.detail.as_str()), ("sb-1", "fs.read_file /answers/key"));
+        assert_eq!((d.observed.pid, d.observed.comm.as_str(), d.observed.syscall.as_str()), (0, "", ""));
+        // Later refusals of the known domain need no other record.
+        let again = r#"audit(10.6:9): domain=1f blockers=fs.write_file path="/answers/key" dev="vda" ino=1"#;
+        let done = c.take(parsed(AUDIT_LANDLOCK_ACCESS, again), now, &Fake);
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].observed.detail, "fs.write_file /answers/key");
+        assert!(c.pending.is_empty());
+        // A refusal in a domain that is not this node's is never an event.
+        let foreign = r#"audit(10.7:10): domain=4c blockers=fs.read_file path="/b" dev="vda" ino=1"#;
+        c.take(parsed(AUDIT_LANDLOCK_ACCESS, foreign), now, &Fake);
+        let foreign_domain =
+            r#"audit(10.7:11): domain=4c status=allocated mode=enforcing pid=7 uid=0 exe="/x" comm="x""#;
+        assert!(c.take(parsed(AUDIT_LANDLOCK_DOMAIN, foreign_domain), now, &Fake).is_empty());
+        assert!(c.pending.is_empty() && !c.domains.contains_key(&0x4c));
+    }
+
+    #[test]
+    fn a_contextless_refusal_is_recognised_by_its_serial_when_contexts_are_expected() {
+        let mut c = Correlator::default();
+        let now = Instant::now();
+        let access = r#"audit(1.0:20): domain=6e blockers=fs.read_file path="/a" dev="vda" ino=1"#;
+        c.take(parsed(AUDIT_LANDLOCK_ACCESS, access), now, &Fake);
+        let domain = r#"audit(1.0:21): domain=6e status=allocated mode=enforcing pid=140 uid=0 exe="/x" comm="l""#;
+        let done = c.take(parsed(AUDIT_LANDLOCK_DOMAIN, domain), now, &Fake);
+        assert_eq!(done.len(), 1, "no grace needed");
+        // A known domain's next refusal may still have a context: it waits.
+        let next = r#"audit(1.1:22): domain=6e blockers=fs.read_file path="/a" dev="vda" ino=1"#;
+        assert!(c.take(parsed(AUDIT_LANDLOCK_ACCESS, next), now, &Fake).is_empty());
+        assert_eq!(c.expire(now + PENDING_GRACE, &Fake).len(), 1);
     }
 
     #[test]

@@ -34,6 +34,13 @@ pub struct BlobStoreConfig {
     /// Chunk size of layers pushed from now on (default 1 MiB; a power of
     /// two from 4 KiB to 64 MiB). Stored layers keep theirs.
     pub chunk_size_bytes: Option<u64>,
+    /// Piece size of layers pushed from now on: the unit a node fetches
+    /// and verifies inside a chunk (default 16 KiB; 0 = no pieces, nodes
+    /// fetch whole chunks). Stored layers keep theirs.
+    pub piece_size_bytes: Option<u64>,
+    /// Readahead window of the node's layer mounts in KiB (default
+    /// `warren_image::cache::DEFAULT_READAHEAD_KB`; 0 = the kernel's).
+    pub layer_readahead_kb: Option<u32>,
 }
 
 pub struct LayeredImages {
@@ -73,8 +80,17 @@ impl LayeredImages {
         if let Some(bytes) = store.chunk_size_bytes {
             blobs = blobs.with_chunk_size(bytes).map_err(|e| image_err("the blob store's chunk size", e))?;
         }
+        if let Some(bytes) = store.piece_size_bytes {
+            let pieces = (bytes > 0).then_some(bytes);
+            blobs = blobs.with_piece_size(pieces).map_err(|e| image_err("the blob store's piece size", e))?;
+        }
         let config = CacheConfig {
             holder,
+            readahead_kb: match store.layer_readahead_kb {
+                Some(0) => None,
+                Some(kb) => Some(kb),
+                None => Some(warren_image::cache::DEFAULT_READAHEAD_KB),
+            },
             ..CacheConfig::new(data_dir.join("layer-cache"), cache_bytes).map_err(|e| image_err("layer cache", e))?
         };
         let scratch = data_dir.join("tmp");
@@ -403,6 +419,8 @@ impl LayeredImages {
                 chunks_uploaded: b.chunks_uploaded,
                 bytes_uploaded: b.bytes_uploaded,
                 chunks_deduplicated: b.chunks_deduplicated,
+                pieces_fetched: b.pieces_fetched,
+                range_requests: b.range_requests,
             },
         }
     }

@@ -6,7 +6,8 @@
 //! metrics (`metrics`: one Prometheus registry, served by the control crate)
 //! and turns what it observes from outside a sandbox into security events
 //! (`events`; Landlock's refusals come from the kernel's audit records:
-//! `landlock_audit`).
+//! `landlock_audit`), and holds processes that outlived their phase to the
+//! current phase's protected paths with fanotify (`tamper`).
 //!
 //! Owns: the life of every sandbox on this node, from admission to its typed
 //! end, the records that let a restarted node re-adopt them, and each
@@ -39,6 +40,7 @@ mod pool;
 mod projects;
 mod records;
 mod steer;
+mod tamper;
 pub mod trajectory;
 
 use std::collections::{BTreeMap, HashMap};
@@ -280,6 +282,9 @@ struct Inner {
     /// Reads Landlock's audit records; taken out (and stopped, restoring
     /// the host's audit settings) when the node stops.
     landlock_audit: Mutex<Option<landlock_audit::Listener>>,
+    /// Refuses what earlier phases' processes may no longer do to
+    /// protected paths (fanotify; see `tamper`).
+    tamper: tamper::TamperWatch,
 }
 
 /// The node agent. Cheap to clone; all clones share one node.
@@ -317,6 +322,7 @@ impl Node {
         let functions = function::Functions::new(cfg.function_pools.clone(), Arc::clone(&container));
         let function_driver = function::driver::FunctionDriver::new(Arc::clone(&functions));
         let admission = admission::Admission::new(cfg.admission_queue_limit);
+        let (tamper, refusals) = tamper::TamperWatch::new(cfg.instance.clone());
         let node = Node {
             inner: Arc::new(Inner {
                 net,
@@ -331,6 +337,7 @@ impl Node {
                 admission,
                 pause_gate: Mutex::new(()),
                 landlock_audit: Mutex::new(None),
+                tamper,
                 pools,
                 functions,
                 function_driver,
@@ -338,6 +345,10 @@ impl Node {
             }),
         };
         node.inner.net.set_node(&node.inner);
+        tamper::record_refusals(Arc::downgrade(&node.inner), refusals);
+        for driver in node.inner.vm_drivers.values() {
+            driver.attach_books(Arc::new(admission::DriverBooks(Arc::downgrade(&node.inner))));
+        }
         let cfg = &node.inner.cfg;
         let listener = landlock_audit::Listener::start(
             cfg.landlock_audit,
@@ -346,7 +357,7 @@ impl Node {
             &cfg.data_dir,
         )
         .map_err(|e| NodeError::Internal(e.to_string()))?;
-        *node.inner.landlock_audit.lock().unwrap_or_else(|p| p.into_inner()) = listener;
+        *node.inner.landlock_audit.lock().unwrap_or_else(|p| p.into_inner()) = Some(listener);
         node.recover().await?;
         if let Err(e) = node.recover_trajectories() {
             // The sandboxes still work; only steps cut by the restart stay `running`.
@@ -557,6 +568,9 @@ impl Node {
         joined(self.commit(rec.clone()).await)?;
         let info = rec.info.clone();
         self.live_map().insert(id.clone(), Live::new(id, handle, driver, rec, layer_leases));
+        if info.phase.is_some() {
+            self.watch_protected_paths(&info.id).await;
+        }
         drop(admitted);
         let source = if info.from_pool { CreateSource::Pool } else { CreateSource::Fresh };
         self.inner.metrics.created(info.backend, source, create_started.elapsed().as_secs_f64(), &info.project);
@@ -666,6 +680,8 @@ impl Node {
         if self.live_map().remove(id).is_none() {
             return self.get(id);
         }
+        // Before the driver unmounts its root, which the marks' descriptors would hold.
+        self.inner.tamper.forget(id);
         // Its slot is free: a waiting create may go.
         self.inner.admission.bump();
         let rec = {
@@ -1298,6 +1314,7 @@ impl Node {
                     }
                 }
                 self.live_map().insert(id.clone(), live);
+                self.watch_protected_paths(&id).await;
                 tracing::info!(sandbox = %id, "re-adopted");
             } else {
                 if let Some(h) = &rec.handle {
@@ -1350,6 +1367,10 @@ impl Node {
             self.inner.pools.drain(driver.as_ref()).await;
         }
         self.inner.functions.drain().await;
+        let node = self.clone();
+        // Joins a thread that waits at most one tick; closing the group lets
+        // every held access through.
+        let _ = tokio::task::spawn_blocking(move || node.inner.tamper.stop()).await;
         let listener = self.inner.landlock_audit.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(listener) = listener {
             // Joins a thread that waits at most a read tick and the kernel's answers.

@@ -501,6 +501,10 @@ impl crate::Node {
             levels.memory_used_bytes += info.resources.memory_mib * 1024 * 1024;
             *levels.project_sandboxes.entry((info.project.clone(), info.backend, info.state)).or_default() += 1;
         }
+        // A driver's own guests (VM snapshot templates) hold host room too.
+        let (reserved_mib, reserved_cpus) = self.inner.admission.reserved();
+        levels.cpus_used += reserved_cpus;
+        levels.memory_used_bytes += reserved_mib * 1024 * 1024;
         let store = self.image_stats().store;
         let (fill_events, cache_hits) = self.layered().map(|l| l.fill_counters()).unwrap_or_default();
         levels.images = ImageFetchStats {
@@ -541,6 +545,7 @@ impl crate::Node {
             images: levels.images,
             queue_depth: levels.queue_depth,
             pool_idle: levels.pool_idle,
+            landlock_events: self.landlock_events(),
         }
     }
 }

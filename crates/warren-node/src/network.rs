@@ -23,6 +23,9 @@ pub struct NetworkOptions {
     /// The IPv4 pool of the sandboxes' /30s (`--sandbox-net`); default: a
     /// /20 of 10.128.0.0/9 picked by the instance name.
     pub pool: Option<String>,
+    /// The IPv6 pool of the sandboxes' /126s (`--sandbox-net6`); default:
+    /// a ULA /64 picked by the instance name.
+    pub pool6: Option<String>,
     /// Names the platform resolver answers from, `/etc/hosts` format.
     pub dns_hosts: Option<PathBuf>,
     /// Named rule sets, JSON `{"name": [rule, ...]}`; they replace the
@@ -68,6 +71,10 @@ impl NodeNet {
             Some(text) => Some(warren_net::parse_pool(text).map_err(|e| config_err(e.to_string()))?),
             None => None,
         };
+        let pool6 = match &opts.pool6 {
+            Some(text) => Some(warren_net::parse_pool6(text).map_err(|e| config_err(e.to_string()))?),
+            None => None,
+        };
         let dns_hosts = match &opts.dns_hosts {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
@@ -98,7 +105,7 @@ impl NodeNet {
             Node { inner }.record_event(id, observed(event));
         });
         let net = Network::new(
-            NetConfig { instance: instance.to_string(), pool, state_dir: data_dir.join("net"), dns_hosts },
+            NetConfig { instance: instance.to_string(), pool, pool6, state_dir: data_dir.join("net"), dns_hosts },
             sink,
         )
         .map_err(|e| config_err(e.to_string()))?;

@@ -1,7 +1,7 @@
 //! Pause and resume: a paused sandbox's processes are stopped where they
 //! are (the container backend freezes its cgroup) until it is resumed, by
 //! `resume` or by the next request that needs its processes. With
-//! `?to_disk=true` (microVMs) the memory goes to disk and QEMU exits; the
+//! `?to_disk=true` (microVMs and full VMs) the memory goes to disk and QEMU exits; the
 //! resume, explicit or on the next request, loads it back on this node.
 //!
 //! Timers: the lifetime keeps counting while paused (it bounds what a
@@ -23,7 +23,7 @@ impl Node {
     }
 
     /// [`Node::pause`]; with `to_disk` the sandbox's memory goes to disk
-    /// and is released until the resume (a microVM's QEMU exits), also for
+    /// and is released until the resume (a VM's QEMU exits), also for
     /// one already paused in memory. Backends that cannot answer
     /// `unsupported`.
     pub async fn pause_with(&self, id: &str, to_disk: bool) -> Result<SandboxInfo> {

@@ -5,7 +5,8 @@
 //! the new phase's Landlock leader and, with `kill_running`, kills every
 //! process of earlier phases), records the new phase in the sandbox's
 //! record (so a restarted node re-adopts the sandbox in it), adds a
-//! `phase_changed` event to its timeline, and then enforces the phase's
+//! `phase_changed` event to its timeline, has the tamper watch mark the
+//! phase's protected paths (see `tamper`), and then enforces the phase's
 //! egress policy (see `network`).
 
 use std::collections::BTreeMap;
@@ -76,6 +77,9 @@ impl Node {
             (rec.clone(), phase_network.or_else(|| rec.info.network_policy.clone()).unwrap_or_default())
         };
         joined(self.commit(rec.clone()).await)?;
+        // Processes of earlier phases keep their looser Landlock domains:
+        // the tamper watch holds them to this phase's protected paths.
+        self.watch_protected_paths(id).await;
         let detail = format!(
             "{} -> {}; {}",
             previous.as_deref().unwrap_or("(none)"),

@@ -339,8 +339,13 @@ fn stats_text(st: &ImageStats) -> String {
         })
         .collect();
     lines.push(format!(
-        "store: {} chunks fetched ({} bytes), {} uploaded, {} deduplicated",
-        st.store.chunks_fetched, st.store.bytes_fetched, st.store.chunks_uploaded, st.store.chunks_deduplicated
+        "store: {} chunks and {} pieces in {} ranged GETs fetched ({} bytes), {} uploaded, {} deduplicated",
+        st.store.chunks_fetched,
+        st.store.pieces_fetched,
+        st.store.range_requests,
+        st.store.bytes_fetched,
+        st.store.chunks_uploaded,
+        st.store.chunks_deduplicated
     ));
     lines.join("\n")
 }

@@ -32,6 +32,8 @@ struct Cli {
     cmd: Cmd,
 }
 
+// Parsed once at startup: boxing `ServeArgs` would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the embedded server (API + node + state store).

@@ -65,6 +65,15 @@ pub struct ServeArgs {
     /// 64 MiB; default 1 MiB).
     #[arg(long)]
     pub chunk_size_bytes: Option<u64>,
+    /// Piece size of layers imported from now on: the unit a node fetches
+    /// and verifies inside a chunk with a ranged GET (a power of two from
+    /// 4096 up to the chunk size; default 16 KiB; 0 = whole chunks only).
+    #[arg(long)]
+    pub piece_size_bytes: Option<u64>,
+    /// Readahead window of lazily filled layer mounts, in KiB (default 16;
+    /// 0 keeps the kernel's 128). Bytes readahead covers are fetched.
+    #[arg(long)]
+    pub layer_readahead_kb: Option<u32>,
     /// How long an ended sandbox's record, exec results and idempotency key
     /// are kept (and answered) before they are deleted.
     #[arg(long, default_value_t = warren_node::DEFAULT_ENDED_RETENTION_SECS)]
@@ -77,6 +86,13 @@ pub struct ServeArgs {
     /// (default: a /20 of 10.128.0.0/9 picked by the instance name).
     #[arg(long)]
     pub sandbox_net: Option<String>,
+    /// IPv6 pool for `allowlist` sandboxes (a /32 to a /120, ULA advised),
+    /// split into one /126 each and masqueraded (NAT66) like the IPv4 pool
+    /// (default: a ULA /64, fdXX:XXXX:XXXX::/64, picked by the instance
+    /// name). Needs Linux 6.17+ (per-interface IPv6 force_forwarding);
+    /// without it sandboxes get IPv4 egress only.
+    #[arg(long)]
+    pub sandbox_net6: Option<String>,
     /// Static names for the platform resolver, `/etc/hosts` format; names
     /// not in it are resolved on the host.
     #[arg(long)]
@@ -132,17 +148,20 @@ pub struct ServeArgs {
     /// (repeatable).
     #[arg(long = "disable-backend", value_parser = ["microvm", "vm"])]
     pub disabled_backends: Vec<String>,
-    /// Snapshot boot for `microvm`: per image and VM shape the node keeps a
+    /// Snapshot boot for `microvm` and `vm`: per image and VM shape the node keeps a
     /// snapshot of a booted, idle guest and restores it on create (the
     /// first create of a shape boots and builds it). See docs/architecture.md.
     #[arg(long, default_value = "off", value_parser = ["off", "on"])]
     pub vm_snapshots: String,
     /// Landlock denials as `landlock` security events, read from the
-    /// kernel's audit records. `auto`: only if audit is already enabled on
-    /// the host. `on`: if no audit daemon runs, this server registers as the
-    /// audit daemon and enables audit host-wide until it stops (restoring
-    /// it then); with one running, it reads that daemon's records. `off`:
-    /// never (see docs/security.md).
+    /// kernel's audit records. `auto` and `on`: if no audit daemon runs,
+    /// this server registers as the audit daemon, adds a `never,task` audit
+    /// rule (so no process pays audit's per-syscall cost) and enables audit
+    /// host-wide until it stops (restoring all three then, or at the next
+    /// start after a crash); with one running, it reads that daemon's
+    /// records. Where audit cannot be enabled, `auto` warns and runs without
+    /// these events (`GET /v1/stats` `landlock_events` says why) and `on`
+    /// refuses to start. `off`: never (see docs/security.md).
     #[arg(long, default_value = "auto", value_parser = ["off", "on", "auto"])]
     pub landlock_audit: String,
 }
@@ -172,9 +191,12 @@ impl ServeArgs {
             registry_auth_file: None,
             blob_store_s3: None,
             chunk_size_bytes: None,
+            piece_size_bytes: None,
+            layer_readahead_kb: None,
             ended_retention_secs: warren_node::DEFAULT_ENDED_RETENTION_SECS,
             trajectory_retention_secs: warren_node::trajectory::DEFAULT_TRAJECTORY_RETENTION_SECS,
             sandbox_net: None,
+            sandbox_net6: None,
             dns_hosts: None,
             network_presets: None,
             e2b_api_keys: Vec::new(),
@@ -287,11 +309,14 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
             blob_store: warren_node::BlobStoreConfig {
                 s3: args.blob_store_s3.as_deref().map(s3_config).transpose()?,
                 chunk_size_bytes: args.chunk_size_bytes,
+                piece_size_bytes: args.piece_size_bytes,
+                layer_readahead_kb: args.layer_readahead_kb,
             },
             ended_retention: std::time::Duration::from_secs(args.ended_retention_secs),
             trajectory_retention: std::time::Duration::from_secs(args.trajectory_retention_secs),
             network: warren_node::NetworkOptions {
                 pool: args.sandbox_net.clone(),
+                pool6: args.sandbox_net6.clone(),
                 dns_hosts: args.dns_hosts.clone(),
                 presets: args.network_presets.clone(),
             },
@@ -438,7 +463,8 @@ fn vm_drivers(
         Err(e) => tracing::warn!("the microvm backend is unavailable: {e}"),
     }
     let config =
-        MicroVmConfig::discover_full(args.data_dir.join("fullvm"), init_binary.to_path_buf(), full_vm_instance(args));
+        MicroVmConfig::discover_full(args.data_dir.join("fullvm"), init_binary.to_path_buf(), full_vm_instance(args))
+            .map(|c| MicroVmConfig { snapshots: args.vm_snapshots == "on", ..c });
     match config.and_then(MicroVmDriver::new) {
         Ok(driver) if !disabled("vm") => {
             drivers.insert(warren_api::Backend::Vm, Arc::new(driver) as Arc<dyn warren_backend::Driver>);

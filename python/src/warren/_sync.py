@@ -572,7 +572,7 @@ class Sandbox:
         """Freezes the sandbox: its processes stop where they are and make no
         progress until :meth:`resume`, or until the next exec, session
         command or file call, which resumes it. Its lifetime keeps counting,
-        its idle timeout does not. ``to_disk=True`` (``microvm``) writes the
+        its idle timeout does not. ``to_disk=True`` (``microvm``, ``vm``) writes the
         guest's memory to disk and stops its QEMU until the resume; execs
         running at the pause end."""
         params = {"to_disk": "true"} if to_disk else None
@@ -671,7 +671,9 @@ class Sandbox:
         """Switches to one of the phases the sandbox was created with
         (``PUT /v1/sandboxes/{id}/phase``). With ``kill_running`` (the
         default) every process of earlier phases is killed; with ``False``
-        they keep the rights of the phase they started in. Returns the
+        they keep the Landlock domain of the phase they started in, though
+        on the container backend the node still refuses them (EPERM, a
+        ``tamper`` event) what the new phase protects. Returns the
         sandbox's record."""
         body = {"name": name, "kill_running": kill_running}
         request = Request("PUT", sandbox_path(self.id, "/phase"), json=body)

@@ -77,8 +77,11 @@ int main(int argc, char **argv) {
         struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons(atoi(argv[3]))};
         inet_pton(AF_INET6, argv[2], &a.sin6_addr);
         int fd = socket(AF_INET6, SOCK_STREAM, 0);
+        struct timeval tv = {.tv_sec = 5};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
         int r = connect(fd, (struct sockaddr *)&a, sizeof a);
         printf("tcp6 %s\n", ename(r < 0 ? errno : 0));
+        if (r == 0) printf("echo %s\n", ename(round_trip(fd, 'x') < 0 ? errno : 0));
     } else if (!strcmp(cmd, "udp6") && argc == 4) {
         struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons(atoi(argv[3]))};
         inet_pton(AF_INET6, argv[2], &a.sin6_addr);

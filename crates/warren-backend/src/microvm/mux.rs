@@ -66,16 +66,25 @@ pub async fn start_from(serial_sock: &Path, listen_sock: &Path, wait: Duration, 
 /// driver's `resume`): connects and binds with blocking calls, then hands
 /// the sockets to the runtime. A stale `listen_sock` is replaced.
 pub fn start_blocking(serial_sock: &Path, listen_sock: &Path, wait: Duration, first_stream: u32) -> Result<Mux> {
+    serve_blocking(connect_blocking(serial_sock, wait)?, listen_sock, first_stream)
+}
+
+/// Connects to QEMU's end of the port, waiting up to `wait` for it.
+pub fn connect_blocking(serial_sock: &Path, wait: Duration) -> Result<std::os::unix::net::UnixStream> {
     let deadline = std::time::Instant::now() + wait;
-    let port = loop {
+    loop {
         match std::os::unix::net::UnixStream::connect(serial_sock) {
-            Ok(stream) => break stream,
+            Ok(stream) => return Ok(stream),
             Err(e) if std::time::Instant::now() >= deadline => {
                 return Err(BackendError::io(format!("connect to QEMU's control port {}", serial_sock.display()), e))
             }
             Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
-    };
+    }
+}
+
+/// Serves `listen_sock` over `port` (from [`connect_blocking`]).
+pub fn serve_blocking(port: std::os::unix::net::UnixStream, listen_sock: &Path, first_stream: u32) -> Result<Mux> {
     let _ = std::fs::remove_file(listen_sock);
     let listener = std::os::unix::net::UnixListener::bind(listen_sock)
         .map_err(|e| BackendError::io(format!("bind {}", listen_sock.display()), e))?;
@@ -85,6 +94,69 @@ pub fn start_blocking(serial_sock: &Path, listen_sock: &Path, wait: Duration, fi
     let port = UnixStream::from_std(port).map_err(io)?;
     let listener = UnixListener::from_std(listener).map_err(io)?;
     Ok(serve(port, listener, first_stream))
+}
+
+/// One request frame (`request`, a whole [`warren_init::proto`] frame) and
+/// its answer on a new stream over a port no mux serves yet, with blocking
+/// calls only: a driver's `resume` runs inline on a request's path and must
+/// not wait on the runtime. A stream whose answer does not come within
+/// `attempt` is given up (a guest just restored may not have seen the new
+/// node yet) and the request sent again on the next id, until `wait`
+/// passes. `next_stream` ends past every id used.
+pub fn request_blocking(
+    port: &mut std::os::unix::net::UnixStream,
+    next_stream: &mut u32,
+    request: &[u8],
+    attempt: Duration,
+    wait: Duration,
+) -> Result<(warren_init::proto::FrameKind, Vec<u8>)> {
+    use std::io::{Read, Write};
+    let io = |e: std::io::Error| BackendError::io("a request on the VM's control port", e);
+    let deadline = std::time::Instant::now() + wait;
+    port.set_read_timeout(Some(attempt)).map_err(io)?;
+    let answered = loop {
+        let id = (*next_stream).max(1);
+        *next_stream = id.wrapping_add(1).max(1);
+        let mut frames = mux::encode(id, MuxKind::Data, request);
+        frames.extend(mux::encode(id, MuxKind::Eof, &[]));
+        port.write_all(&frames).map_err(io)?;
+        let mut answer = Vec::new();
+        let outcome = loop {
+            let mut header = [0u8; HEADER_BYTES];
+            if let Err(e) = port.read_exact(&mut header) {
+                break Err(e);
+            }
+            let header = mux::parse_header(header).map_err(io)?;
+            let mut payload = vec![0u8; header.len as usize];
+            port.read_exact(&mut payload).map_err(io)?;
+            // Whatever a stream of an earlier attempt still says is stale.
+            if header.stream != id || header.kind != MuxKind::Data {
+                continue;
+            }
+            answer.extend_from_slice(&payload);
+            if let Some(frame) = whole_frame(&answer).map_err(io)? {
+                break Ok(frame);
+            }
+        };
+        match outcome {
+            Ok(frame) => break frame,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(BackendError::Setup(format!("the guest did not answer within {wait:?}")));
+                }
+            }
+            Err(e) => return Err(io(e)),
+        }
+    };
+    port.set_read_timeout(None).map_err(io)?;
+    Ok(answered)
+}
+
+/// The first whole [`warren_init::proto`] frame in `bytes`, if complete.
+fn whole_frame(bytes: &[u8]) -> std::io::Result<Option<(warren_init::proto::FrameKind, Vec<u8>)>> {
+    let Some(header) = bytes.first_chunk::<5>() else { return Ok(None) };
+    let (kind, len) = warren_init::proto::parse_header(*header)?;
+    Ok(bytes.get(5..5 + len as usize).map(|payload| (kind, payload.to_vec())))
 }
 
 fn serve(port: UnixStream, listener: UnixListener, first_stream: u32) -> Mux {
@@ -188,6 +260,54 @@ async fn demux(mut port: tokio::net::unix::OwnedReadHalf, streams: Streams) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A guest that has not seen the new node yet drops the first request;
+    /// the second, on the next stream, is answered after a stale frame of
+    /// another stream, in two pieces. `next_stream` ends past both ids.
+    #[test]
+    fn request_blocking_retries_on_a_new_stream_and_skips_other_streams() {
+        use std::io::{Read, Write};
+        use warren_init::proto::FrameKind;
+        let (mut host, mut guest) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut request = Vec::new();
+        warren_init::proto::write_frame(&mut request, FrameKind::Request, b"{}").unwrap();
+        let sent = request.clone();
+        let fake = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            for _ in 0..2 {
+                let mut data = vec![0u8; HEADER_BYTES + sent.len()];
+                guest.read_exact(&mut data).unwrap();
+                let mut eof = [0u8; HEADER_BYTES];
+                guest.read_exact(&mut eof).unwrap();
+                let header = mux::parse_header(data[..HEADER_BYTES].try_into().unwrap()).unwrap();
+                assert_eq!((header.kind, &data[HEADER_BYTES..]), (MuxKind::Data, &sent[..]));
+                seen.push(header.stream);
+            }
+            let mut answer = Vec::new();
+            warren_init::proto::write_frame(&mut answer, FrameKind::Response, b"\"ok\"").unwrap();
+            guest.write_all(&mux::encode(seen[0], MuxKind::Data, b"stale")).unwrap();
+            guest.write_all(&mux::encode(seen[1], MuxKind::Data, &answer[..3])).unwrap();
+            guest.write_all(&mux::encode(seen[1], MuxKind::Data, &answer[3..])).unwrap();
+            seen
+        });
+        let mut next = 7;
+        let answer =
+            request_blocking(&mut host, &mut next, &request, Duration::from_millis(200), Duration::from_secs(30))
+                .unwrap();
+        assert_eq!(answer, (FrameKind::Response, b"\"ok\"".to_vec()));
+        assert_eq!(fake.join().unwrap(), [7, 8]);
+        assert_eq!(next, 9);
+    }
+
+    #[test]
+    fn request_blocking_gives_up_when_the_guest_never_answers() {
+        let (mut host, _guest) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut next = 1;
+        let err = request_blocking(&mut host, &mut next, b"x", Duration::from_millis(20), Duration::from_millis(100))
+            .unwrap_err();
+        assert!(err.to_string().contains("did not answer"), "{err}");
+        assert!(next > 2, "every attempt takes a new stream: {next}");
+    }
 
     /// A stand-in for the guest: echoes every stream's bytes back on the
     /// same stream, and its end-of-file too.

@@ -1,6 +1,6 @@
-//! Snapshot boot (`--vm-snapshots on`, microVMs only): per image and VM
-//! shape the driver keeps the state of a booted, idle guest, and a create
-//! restores it instead of booting.
+//! Snapshot boot (`--vm-snapshots on`, microVMs and full VMs): per image
+//! and VM shape the driver keeps the state of a booted, idle guest, and a
+//! create restores it instead of booting.
 //!
 //! A snapshot is a directory `<run_dir>/.snapshots/<key>/` holding `mem`
 //! (QEMU's migration stream of the stopped guest: memory and device state,
@@ -24,7 +24,11 @@
 //!
 //! The first create of a shape boots cold and builds the snapshot in the
 //! background (a second, template guest that is snapshotted and killed);
-//! later creates restore it. Snapshots are never persisted: the driver
+//! later creates restore it. The template's memory and vCPUs are reserved
+//! in the node's books ([`crate::HostBooks`]) from before its boot until
+//! its QEMU and cgroup are gone; a build the node has no room for is not
+//! started (a later create of the shape tries again). A full VM's clones
+//! keep the template's machine id (systemd reads it once, at boot). Snapshots are never persisted: the driver
 //! removes every one when it starts and when the node shuts down. One whose
 //! image layers are gone or changed (the image was replaced or removed) is
 //! removed when the node's images change and by the next create
@@ -34,7 +38,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -45,9 +49,9 @@ use warren_guard::cgroup::{Limits, SandboxCgroup};
 use warren_init::proto::{FrameKind, Request, Response};
 
 use super::qemu::{self, Accel, ConsoleTail, Machine, VmSpec};
-use super::{cgroup_err, disks, mux, qmp, Running, BOOT_DEADLINE, QEMU_OVERHEAD_MIB, QEMU_PIDS};
+use super::{cgroup_err, disks, mux, qmp, Running, QEMU_OVERHEAD_MIB, QEMU_PIDS};
 use crate::container::channel;
-use crate::{BackendError, Result};
+use crate::{BackendError, HostBooks, Result};
 
 /// The hostname on the snapshotted guest's kernel command line. A restore
 /// must start QEMU with the same command line, so every clone's kernel
@@ -116,6 +120,7 @@ pub(super) struct Template {
     pub kernel: PathBuf,
     pub initramfs: PathBuf,
     pub accel: Accel,
+    pub machine: Machine,
     pub jail: PathBuf,
     pub cgroup_instance: String,
     /// The image's layer directories (what the node passed).
@@ -132,7 +137,7 @@ impl Template {
             kernel: &self.kernel,
             initramfs: &self.initramfs,
             accel: self.accel,
-            machine: Machine::Micro,
+            machine: self.machine,
             vcpus: self.shape.vcpus,
             memory_mib: self.shape.memory_mib,
             layers: &self.layer_files,
@@ -171,6 +176,9 @@ pub(super) struct Snapshots {
     /// must not be served a guest running the old one.
     init_binary: PathBuf,
     building: Arc<Mutex<HashMap<String, JoinHandle<()>>>>,
+    /// The node's books: a template guest's memory and vCPUs are reserved
+    /// there while it lives (none attached: not counted, as in unit tests).
+    books: OnceLock<Arc<dyn HostBooks>>,
 }
 
 impl Snapshots {
@@ -179,7 +187,11 @@ impl Snapshots {
         let dir = run_dir.join(".snapshots");
         remove_dir(&dir)?;
         fs::create_dir_all(&dir).map_err(|e| BackendError::io(format!("mkdir {}", dir.display()), e))?;
-        Ok(Snapshots { dir, init_binary: init_binary.to_path_buf(), building: Arc::default() })
+        Ok(Snapshots { dir, init_binary: init_binary.to_path_buf(), building: Arc::default(), books: OnceLock::new() })
+    }
+
+    pub fn attach_books(&self, books: Arc<dyn HostBooks>) {
+        let _ = self.books.set(books);
     }
 
     pub fn key(&self, template: &Template) -> Result<String> {
@@ -196,7 +208,7 @@ impl Snapshots {
             hash.update(meta.mtime().to_be_bytes());
             hash.update(meta.mtime_nsec().to_be_bytes());
         }
-        hash.update([template.accel as u8]);
+        hash.update([template.accel as u8, template.machine as u8]);
         Ok(hash.finalize().iter().take(16).map(|b| format!("{b:02x}")).collect())
     }
 
@@ -238,13 +250,26 @@ impl Snapshots {
         let _ = remove_dir(&self.dir.join(key));
     }
 
-    /// Starts building the snapshot for `key` unless it is being built.
+    /// Starts building the snapshot for `key` unless it is being built or
+    /// the node has no room for the template guest now (a later create of
+    /// the shape tries again).
     pub fn build_in_background(&self, key: String, template: Template) {
         let mut building = self.building.lock().unwrap_or_else(PoisonError::into_inner);
         building.retain(|_, task| !task.is_finished());
         if building.contains_key(&key) {
             return;
         }
+        // Held by the task until the template's QEMU and cgroup are gone.
+        let reservation = match self.books.get() {
+            Some(books) => match books.reserve(template.shape.memory_mib, template.shape.vcpus as f64) {
+                Some(reservation) => Some(reservation),
+                None => {
+                    tracing::info!(snapshot = %key, "no room on the node for a snapshot template now");
+                    return;
+                }
+            },
+            None => None,
+        };
         let dir = self.dir.clone();
         let done = Arc::clone(&self.building);
         let task_key = key.clone();
@@ -253,6 +278,7 @@ impl Snapshots {
                 Ok(()) => tracing::info!(snapshot = %task_key, "VM snapshot ready"),
                 Err(e) => tracing::warn!(snapshot = %task_key, "cannot build a VM snapshot: {e}"),
             }
+            drop(reservation);
             let _ = done;
         });
         building.insert(key, task);
@@ -349,7 +375,8 @@ async fn snapshot_template(work: &Path, template: &Template, cgroup: &SandboxCgr
     let outcome = async {
         let pid = child.id().ok_or_else(|| BackendError::Setup("QEMU exited at once".into()))?;
         cgroup.add_pid(pid as i32).map_err(cgroup_err)?;
-        let mux = super::wait_ready(&mut child, &sockets.serial_sock, &sockets.ctl_sock, BOOT_DEADLINE).await?;
+        let deadline = super::boot_deadline(template.machine);
+        let mux = super::wait_ready(&mut child, &sockets.serial_sock, &sockets.ctl_sock, deadline).await?;
         // The node goes away, as it does across a restore: init drops
         // every stream and waits for the next node.
         drop(mux);
@@ -436,6 +463,7 @@ pub(super) async fn restore(
                     vcpus: template.shape.vcpus,
                     memory_mib: template.shape.memory_mib,
                     hostname: TEMPLATE_HOSTNAME.to_string(),
+                    name: hostname.to_string(),
                     accel: template.accel,
                     first_stream: RESTORED_FIRST_STREAM,
                 };
@@ -480,6 +508,38 @@ async fn copy_sparse(from: &Path, to: &Path) -> Result<()> {
 /// Sends init the sandbox's identity, retrying while the guest's side of
 /// the port has not seen the new node yet.
 async fn identify(ctl_sock: &Path, hostname: &str) -> Result<()> {
+    let payload = identify_request(hostname)?;
+    loop {
+        let attempt = async {
+            let mut stream = tokio::net::UnixStream::connect(ctl_sock).await.ok()?;
+            channel::write_frame(&mut stream, FrameKind::Request, &payload).await.ok()?;
+            channel::read_frame(&mut stream).await.ok()?
+        };
+        match tokio::time::timeout(Duration::from_secs(2), attempt).await {
+            Ok(Some((FrameKind::Response, answer))) => return identified(&answer),
+            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
+/// As [`identify`], straight over the port of a guest restored from disk
+/// before its mux starts (blocking: see [`mux::request_blocking`]).
+pub(super) fn identify_on_port(
+    port: &mut std::os::unix::net::UnixStream,
+    next_stream: &mut u32,
+    hostname: &str,
+) -> Result<()> {
+    let mut frame = Vec::new();
+    warren_init::proto::write_frame(&mut frame, FrameKind::Request, &identify_request(hostname)?)
+        .map_err(|e| BackendError::io("frame the identity", e))?;
+    match mux::request_blocking(port, next_stream, &frame, Duration::from_secs(2), RESTORE_TIMEOUT)? {
+        (FrameKind::Response, answer) => identified(&answer),
+        (kind, _) => Err(BackendError::Protocol(format!("expected a response to Identify, got a {kind:?} frame"))),
+    }
+}
+
+/// `Identify` with the sandbox's name, fresh entropy and the host's time.
+fn identify_request(hostname: &str) -> Result<Vec<u8>> {
     let mut entropy = vec![0u8; ENTROPY_BYTES];
     let mut filled = 0;
     while filled < entropy.len() {
@@ -488,25 +548,16 @@ async fn identify(ctl_sock: &Path, hostname: &str) -> Result<()> {
     }
     let unix_time_ns = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     let request = Request::Identify { hostname: hostname.to_string(), entropy, unix_time_ns };
-    let payload = serde_json::to_vec(&request).map_err(|e| BackendError::Protocol(e.to_string()))?;
-    loop {
-        let attempt = async {
-            let mut stream = tokio::net::UnixStream::connect(ctl_sock).await.ok()?;
-            channel::write_frame(&mut stream, FrameKind::Request, &payload).await.ok()?;
-            channel::read_frame(&mut stream).await.ok()?
-        };
-        match tokio::time::timeout(Duration::from_secs(2), attempt).await {
-            Ok(Some((FrameKind::Response, answer))) => {
-                return match serde_json::from_slice::<Response>(&answer) {
-                    Ok(Response::Identified) => Ok(()),
-                    Ok(Response::Error { message, .. }) => {
-                        Err(BackendError::Setup(format!("the restored guest refused its identity: {message}")))
-                    }
-                    other => Err(BackendError::Protocol(format!("expected Identified, got {other:?}"))),
-                };
-            }
-            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+    serde_json::to_vec(&request).map_err(|e| BackendError::Protocol(e.to_string()))
+}
+
+fn identified(answer: &[u8]) -> Result<()> {
+    match serde_json::from_slice::<Response>(answer) {
+        Ok(Response::Identified) => Ok(()),
+        Ok(Response::Error { message, .. }) => {
+            Err(BackendError::Setup(format!("the restored guest refused its identity: {message}")))
         }
+        other => Err(BackendError::Protocol(format!("expected Identified, got {other:?}"))),
     }
 }
 

@@ -336,18 +336,95 @@ fn fetch_blocking(shared: &Shared, manifest: &Arc<LayerManifest>, indices: &[usi
         .unwrap_or_else(|_| indices.iter().map(|_| Err("the cache's runtime is gone".to_owned())).collect())
 }
 
-/// Fetches `indices` with bounded concurrency; results in the same order.
+/// Fetches the fetch units `indices` (pieces or whole chunks, see
+/// `LayerManifest::fetch_unit_size`) with bounded concurrency; results in
+/// the same order. Neighbouring pieces of one chunk go in one ranged GET.
 pub(crate) async fn fetch_batch(
     source: Arc<dyn ChunkSource>,
     manifest: Arc<LayerManifest>,
     indices: Vec<usize>,
 ) -> Vec<Result<Bytes, String>> {
-    futures_util::stream::iter(indices)
-        .map(|index| {
+    if manifest.piece_size.is_none() {
+        return futures_util::stream::iter(indices)
+            .map(|index| {
+                let (source, manifest) = (Arc::clone(&source), Arc::clone(&manifest));
+                async move { source.fetch_chunk(&manifest, index).await.map_err(|e| e.to_string()) }
+            })
+            .buffered(FETCH_CONCURRENCY)
+            .collect()
+            .await;
+    }
+    let runs = piece_runs(&manifest, &indices);
+    let fetched: Vec<Vec<Result<Bytes, String>>> = futures_util::stream::iter(runs)
+        .map(|(first, count)| {
             let (source, manifest) = (Arc::clone(&source), Arc::clone(&manifest));
-            async move { source.fetch_chunk(&manifest, index).await.map_err(|e| e.to_string()) }
+            async move {
+                match source.fetch_pieces(&manifest, first, count).await {
+                    Ok(pieces) if pieces.len() == count => pieces.into_iter().map(Ok).collect(),
+                    Ok(pieces) => vec![Err(format!("{} pieces returned, {count} asked for", pieces.len())); count],
+                    Err(e) => vec![Err(e.to_string()); count],
+                }
+            }
         })
         .buffered(FETCH_CONCURRENCY)
         .collect()
-        .await
+        .await;
+    fetched.into_iter().flatten().collect()
+}
+
+/// Splits piece indices into `(first, count)` runs of consecutive pieces
+/// inside one chunk, in order: one ranged GET each. `indices` must be
+/// ascending (a claim's are); a break in the sequence starts a new run.
+pub(crate) fn piece_runs(manifest: &LayerManifest, indices: &[usize]) -> Vec<(usize, usize)> {
+    let per_chunk = manifest.piece_size.map_or(1, |p| (manifest.chunk_size / p).max(1));
+    let chunk_of = |i: usize| u64::try_from(i).unwrap_or(u64::MAX) / per_chunk;
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &index in indices {
+        match runs.last_mut() {
+            Some((first, count)) if *first + *count == index && chunk_of(*first) == chunk_of(index) => *count += 1,
+            _ => runs.push((index, 1)),
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layer::LayerRole;
+
+    const D: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+
+    fn layer(size: u64, chunk_size: u64, piece_size: u64) -> LayerManifest {
+        let count = |unit: u64| usize::try_from(size.div_ceil(unit)).unwrap();
+        LayerManifest {
+            name: "l".into(),
+            version: "1".into(),
+            role: LayerRole::Base,
+            digest: D.into(),
+            size,
+            chunk_size,
+            chunks: vec![D.into(); count(chunk_size)],
+            metadata_ranges: Vec::new(),
+            metadata_blob: None,
+            piece_size: Some(piece_size),
+            pieces: vec![D.into(); count(piece_size)],
+        }
+    }
+
+    #[test]
+    fn neighbouring_pieces_of_one_chunk_coalesce_and_chunk_borders_split() {
+        // 4 pieces per chunk: pieces 0-3 are chunk 0, 4-7 chunk 1.
+        let l = layer(10 * 4096, 16384, 4096);
+        l.validate().unwrap();
+        assert_eq!(piece_runs(&l, &[0, 1, 2, 3]), [(0, 4)]);
+        assert_eq!(piece_runs(&l, &[2, 3, 4, 5]), [(2, 2), (4, 2)]);
+        assert_eq!(piece_runs(&l, &[0, 2, 3, 9]), [(0, 1), (2, 2), (9, 1)]);
+        assert_eq!(piece_runs(&l, &[]), Vec::<(usize, usize)>::new());
+        // Every run is a range fetch_pieces accepts.
+        for (first, count) in piece_runs(&l, &[1, 2, 3, 4, 5, 6, 7, 8, 9]) {
+            crate::blob::piece_run_range(&l, first, count).unwrap();
+        }
+        assert!(crate::blob::piece_run_range(&l, 3, 2).is_err());
+    }
 }

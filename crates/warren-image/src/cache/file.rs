@@ -1,20 +1,22 @@
 //! One cached layer on disk: `<hex>.erofs` (the layer, sparse until
 //! filled), `<hex>.json` (its manifest), `<hex>.present` (one byte per
-//! chunk, 1 once the chunk is written and verified) and `<hex>.meta` (the
-//! metadata blob's digest, once all of its pages are written).
+//! fetch unit, 1 once the unit is written and verified) and `<hex>.meta`
+//! (the metadata blob's digest, once all of its pages are written).
 //!
-//! Presence is tracked at two granularities: whole chunks, and the
+//! The fetch unit is a piece when the manifest lists piece digests (see
+//! `LayerManifest::piece_size`), else a whole chunk; below, "chunk" means
+//! that unit. Presence is tracked at two granularities: units, and the
 //! metadata pages written from the layer's metadata blob (all or none).
-//! A read whose pages are all metadata needs no chunk; a read that touches
-//! a data page of a chunk fetches the whole chunk, verifies it and writes
+//! A read whose pages are all metadata needs no unit; a read that touches
+//! a data page of a unit fetches the whole unit, verifies it and writes
 //! it, rewriting any metadata pages in it with the same bytes.
 //!
-//! Invariant: a chunk is marked present only after its bytes matched the
-//! manifest's digest and were written; a present chunk is never rewritten.
+//! Invariant: a unit is marked present only after its bytes matched the
+//! manifest's digest and were written; a present unit is never rewritten.
 //! The metadata pages are marked present only after the whole blob matched
 //! the manifest's digest and metadata map and every page was written.
-//! Bytes outside present chunks and pages are never handed to a reader:
-//! the fill daemon either writes the verified chunk or denies the read.
+//! Bytes outside present units and pages are never handed to a reader:
+//! the fill daemon either writes the verified unit or denies the read.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::ErrorKind;
@@ -39,11 +41,11 @@ pub(crate) type InodeKey = (u64, u64);
 /// Why a range could not be filled; the reader gets `EIO`.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum FillError {
-    #[error("chunk {index}: fetch failed: {reason}")]
+    #[error("piece or chunk {index}: fetch failed: {reason}")]
     Fetch { index: usize, reason: String },
-    #[error("chunk {index}: {reason}")]
+    #[error("piece or chunk {index}: {reason}")]
     Corrupt { index: usize, reason: String },
-    #[error("chunk {index}: writing it: {source}")]
+    #[error("piece or chunk {index}: writing it: {source}")]
     Write {
         index: usize,
         #[source]
@@ -123,8 +125,9 @@ impl LayerFile {
         fs::write(&paths.record, json).context(|| format!("writing {}", paths.record.display()))?;
         remove_if_present(&paths.meta);
         let file = create_sized(&paths.layer, manifest.size)?;
-        let bitmap = create_sized(&paths.bitmap, u64::try_from(manifest.chunks.len()).unwrap_or(u64::MAX))?;
-        Self::assemble(manifest.clone(), hex, paths, file, bitmap, vec![0; manifest.chunks.len()], false)
+        let units = manifest.fetch_unit_digests().len();
+        let bitmap = create_sized(&paths.bitmap, u64::try_from(units).unwrap_or(u64::MAX))?;
+        Self::assemble(manifest.clone(), hex, paths, file, bitmap, vec![0; units], false)
     }
 
     /// Opens what an earlier run left for `hex`.
@@ -142,7 +145,7 @@ impl LayerFile {
             return Err(corrupt(hex, &format!("file holds {len} bytes, the layer has {}", manifest.size)));
         }
         let bitmap = open_rw(&paths.bitmap)?;
-        let mut marks = vec![0u8; manifest.chunks.len()];
+        let mut marks = vec![0u8; manifest.fetch_unit_digests().len()];
         // A short bitmap (a crash while creating it) reads as missing chunks.
         let read = read_at_most(&bitmap, &mut marks).context(|| format!("reading {}", paths.bitmap.display()))?;
         marks[read..].fill(0);
@@ -163,7 +166,7 @@ impl LayerFile {
         meta_present: bool,
     ) -> Result<Self> {
         let path = paths.layer;
-        let digests = manifest.chunks.iter().map(|c| parse_digest(c)).collect::<Result<Vec<_>>>()?;
+        let digests = manifest.fetch_unit_digests().iter().map(|c| parse_digest(c)).collect::<Result<Vec<_>>>()?;
         let stat = rustix::fs::fstat(&file).context(|| format!("stat {}", path.display()))?;
         let states: Vec<ChunkState> =
             marks.iter().map(|&m| if m == 1 { ChunkState::Present } else { ChunkState::Missing }).collect();
@@ -278,8 +281,10 @@ impl LayerFile {
         let error = |reason: String| CacheError::Metadata { digest: self.manifest.digest.clone(), reason };
         let blob = fetched.map_err(|reason| error(format!("fetching the metadata blob: {reason}")))?;
         let r = self.manifest.metadata_blob.as_ref().ok_or_else(|| error("the layer has no metadata blob".into()))?;
-        self.counters.bytes_fetched.fetch_add(blob.len() as u64, Ordering::Relaxed);
-        self.counters.metadata_bytes_fetched.fetch_add(blob.len() as u64, Ordering::Relaxed);
+        // What crossed the wire: the stored (compressed) form, if any.
+        let wire = r.stored_size();
+        self.counters.bytes_fetched.fetch_add(wire, Ordering::Relaxed);
+        self.counters.metadata_bytes_fetched.fetch_add(wire, Ordering::Relaxed);
         let ranges = crate::metablob::decode(&blob, &r.digest, &self.meta_pages).map_err(|e| error(e.to_string()))?;
         for (offset, bytes) in ranges {
             self.file.write_all_at(bytes, offset).context(|| format!("writing the metadata of {}", self.hex))?;
@@ -316,7 +321,7 @@ impl LayerFile {
         if self.manifest.metadata_blob.is_some() {
             return Vec::new();
         }
-        let chunk_size = self.manifest.chunk_size;
+        let chunk_size = self.manifest.fetch_unit_size();
         let chunks = self.lock();
         let mut wanted: Vec<usize> = self
             .manifest
@@ -365,7 +370,8 @@ impl LayerFile {
         }
         self.counters.bytes_accessed.fetch_add(end - offset, Ordering::Relaxed);
         outcome.bytes_accessed += end - offset;
-        let span = chunk_index(offset, self.manifest.chunk_size)..=chunk_index(end - 1, self.manifest.chunk_size);
+        let unit = self.manifest.fetch_unit_size();
+        let span = chunk_index(offset, unit)..=chunk_index(end - 1, unit);
         // Chunks whose part of the range is all metadata pages already here.
         let covered: Vec<usize> = span
             .clone()
@@ -492,7 +498,7 @@ impl LayerFile {
     fn extent(&self, index: usize) -> (u64, u64) {
         // Indices come from `chunk_index` over in-bounds offsets or from the
         // state vector, both sized by the validated manifest.
-        self.manifest.chunk_extent(index).unwrap_or((self.manifest.size, 0))
+        self.manifest.fetch_unit_extent(index).unwrap_or((self.manifest.size, 0))
     }
 
     fn lock(&self) -> MutexGuard<'_, Chunks> {

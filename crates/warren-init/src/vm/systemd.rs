@@ -13,7 +13,9 @@
 //!   subreaper (orphans of the commands it runs come back to it, not to
 //!   systemd: the reaper and the tree kill see them as under a microVM's
 //!   PID 1), sets the sandbox's hostname, opens the same virtio-serial
-//!   port and serves the node over it exactly as a microVM's PID 1 does.
+//!   port and serves the node over it exactly as a microVM's PID 1 does
+//!   (`Identify` included: the node renames a snapshot's clone and sets
+//!   the clock of a guest restored from disk).
 //!   The seccomp profile covers this service and what it runs, not systemd
 //!   or the units systemd starts: those are the guest OS's own.
 //!
@@ -144,6 +146,9 @@ fn start_service() -> Result<(std::os::fd::OwnedFd, std::sync::Arc<serve::Shared
         .step(|| "open /proc/self/exe".into())?;
     let self_exe = settle_fds(self_exe)?;
     let port_fd = open_port(&port_path)?;
+    // Before the filter, as in a microVM: a guest restored from a snapshot
+    // or from disk is told its name and the time.
+    super::identity::start().step(|| "start the identity thread".into())?;
     let (phases, events) = start_serving(self_exe)?;
     Ok((port_fd, serve::Shared::new(phases, events)))
 }

@@ -10,11 +10,17 @@
 //! `queue` wait for admission, and a call beyond that is refused
 //! (`queue_full`, HTTP 429) instead of piling up.
 //!
+//! Python calls run instead on the pool's fork servers (`fork.rs`): warm
+//! interpreters in sandboxes of the same profile that fork one child per
+//! call, each child in its own Landlock domain and everything it left
+//! killed before the zygote serves again.
+//!
 //! `POST /v1/functions/run` is [`Node::run_function`] (`run.rs`); sandboxes
 //! made with `backend = "function"` run every exec in a fresh worker
 //! through [`driver::FunctionDriver`].
 
 pub(crate) mod driver;
+mod fork;
 mod run;
 
 use std::collections::{HashMap, VecDeque};
@@ -153,6 +159,8 @@ pub(crate) struct FunctionPool {
     permits: Arc<Semaphore>,
     demand: Mutex<Demand>,
     last_used: Mutex<Instant>,
+    /// The python fork servers (zygotes) of this image and shape.
+    fork: fork::ForkPool,
 }
 
 impl FunctionPool {
@@ -164,9 +172,12 @@ impl FunctionPool {
         self.busy.load(Ordering::SeqCst) + self.waiting.load(Ordering::SeqCst)
     }
 
-    /// How many idle workers the pool wants now.
+    /// How many idle workers the pool wants now: python calls that the
+    /// fork servers serve are not their demand.
     fn target(&self) -> usize {
-        let peak = self.demand.lock().unwrap_or_else(|p| p.into_inner()).note(self.demand_now());
+        let forked = if self.fork.usable() { self.fork.calls() } else { 0 };
+        let demand = self.demand_now().saturating_sub(forked);
+        let peak = self.demand.lock().unwrap_or_else(|p| p.into_inner()).note(demand);
         peak.clamp(self.min, self.max)
     }
 
@@ -188,9 +199,21 @@ impl FunctionPool {
 pub(crate) struct Worker {
     pub(crate) handle: SandboxHandle,
     pub(crate) warm: bool,
-    pool: Option<Arc<FunctionPool>>,
+    admission: Option<Admission>,
     functions: Arc<Functions>,
-    _permit: Option<OwnedSemaphorePermit>,
+}
+
+/// A call's place among the `max` that a pool runs at once; dropping it
+/// lets the next waiting call in.
+pub(crate) struct Admission {
+    pool: Arc<FunctionPool>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.pool.busy.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Worker {
@@ -198,7 +221,11 @@ impl Worker {
     /// before a call: that would cost a round trip on every call) for a
     /// freshly made one of the same pool.
     pub(crate) async fn replace(&mut self) -> Result<()> {
-        let pool = self.pool.as_ref().ok_or_else(|| NodeError::Internal("an unpooled worker broke".into()))?;
+        let pool = self
+            .admission
+            .as_ref()
+            .map(|a| &a.pool)
+            .ok_or_else(|| NodeError::Internal("an unpooled worker broke".into()))?;
         let fresh = self.functions.container.create(&pool.spec()).await?;
         let broken = std::mem::replace(&mut self.handle, fresh);
         self.functions.destroy_later(broken);
@@ -209,9 +236,6 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        if let Some(pool) = &self.pool {
-            pool.busy.fetch_sub(1, Ordering::SeqCst);
-        }
         self.functions.destroy_later(self.handle.clone());
         self.functions.wake.notify_one();
     }
@@ -254,6 +278,27 @@ impl Functions {
     /// Waits for admission to `pool` (bounded queue), then claims an idle
     /// worker or makes one. Returns the worker and how long admission took.
     pub(crate) async fn claim(self: &Arc<Self>, pool: &Arc<FunctionPool>) -> Result<(Worker, Duration)> {
+        let (admission, queued) = self.admit(pool).await?;
+        let worker = self.take_worker(admission).await?;
+        Ok((worker, queued))
+    }
+
+    /// An idle worker of an admitted call, or one made for it.
+    pub(crate) async fn take_worker(self: &Arc<Self>, admission: Admission) -> Result<Worker> {
+        let pool = &admission.pool;
+        let popped = pool.idle().pop_front();
+        pool.target();
+        self.wake.notify_one();
+        let (handle, warm) = match popped {
+            Some(h) => (h, true),
+            None => (self.container.create(&pool.spec()).await?, false),
+        };
+        Ok(Worker { handle, warm, admission: Some(admission), functions: Arc::clone(self) })
+    }
+
+    /// Waits for admission to `pool` (at most `max` calls run at once; the
+    /// next `queue` wait, one more is refused). Returns how long it took.
+    pub(crate) async fn admit(self: &Arc<Self>, pool: &Arc<FunctionPool>) -> Result<(Admission, Duration)> {
         let arrived = Instant::now();
         *pool.last_used.lock().unwrap_or_else(|p| p.into_inner()) = arrived;
         let permit = match Arc::clone(&pool.permits).try_acquire_owned() {
@@ -271,28 +316,13 @@ impl Functions {
             }
         };
         pool.busy.fetch_add(1, Ordering::SeqCst);
-        let queued = arrived.elapsed();
-        let popped = pool.idle().pop_front();
-        pool.target();
-        self.wake.notify_one();
-        let (handle, warm) = match popped {
-            Some(h) => (h, true),
-            None => match self.container.create(&pool.spec()).await {
-                Ok(h) => (h, false),
-                Err(e) => {
-                    pool.busy.fetch_sub(1, Ordering::SeqCst);
-                    return Err(e.into());
-                }
-            },
-        };
-        let functions = Arc::clone(self);
-        Ok((Worker { handle, warm, pool: Some(Arc::clone(pool)), functions, _permit: Some(permit) }, queued))
+        Ok((Admission { pool: Arc::clone(pool), _permit: permit }, arrived.elapsed()))
     }
 
     /// A worker made for one exec of a function sandbox that no pool serves.
     pub(crate) async fn make_unpooled(self: &Arc<Self>, spec: &SandboxSpec) -> Result<Worker> {
         let handle = self.container.create(spec).await?;
-        Ok(Worker { handle, warm: false, pool: None, functions: Arc::clone(self), _permit: None })
+        Ok(Worker { handle, warm: false, admission: None, functions: Arc::clone(self) })
     }
 
     fn destroy_later(self: &Arc<Self>, handle: SandboxHandle) {
@@ -316,10 +346,11 @@ impl Functions {
             for h in idle {
                 self.destroy_later(h);
             }
+            drop(pool.fork.take_idle(0));
         }
         loop {
             let notified = self.destroyed.notified();
-            let making: usize = pools.iter().map(|p| p.making.load(Ordering::SeqCst)).sum();
+            let making: usize = pools.iter().map(|p| p.making.load(Ordering::SeqCst) + p.fork.making()).sum();
             if self.destroying.load(Ordering::SeqCst) == 0 && making == 0 {
                 return;
             }
@@ -344,6 +375,7 @@ impl Functions {
                 busy: p.busy.load(Ordering::SeqCst) as u64,
                 waiting: p.waiting.load(Ordering::SeqCst) as u64,
                 target: p.target() as u64,
+                idle_fork_servers: p.fork.idle_count() as u64,
             })
             .collect();
         out.sort_by(|a, b| a.image.cmp(&b.image).then(a.memory_mib.cmp(&b.memory_mib)));
@@ -352,7 +384,7 @@ impl Functions {
 
     /// Whether a pool holds workers of `image` (it cannot be replaced then).
     pub(crate) fn uses_image(&self, image: &str) -> bool {
-        self.pools().values().any(|p| p.image == image && !p.idle().is_empty())
+        self.pools().values().any(|p| p.image == image && (!p.idle().is_empty() || p.fork.idle_count() > 0))
     }
 
     /// One pass of the filler over a pool: make workers up to its target,
@@ -361,6 +393,7 @@ impl Functions {
         if self.closed.load(Ordering::SeqCst) {
             return;
         }
+        fork::fill(self, pool);
         let target = pool.target();
         let surplus: Vec<SandboxHandle> = {
             let mut idle = pool.idle();
@@ -423,6 +456,7 @@ impl Node {
             for h in idle {
                 functions.destroy_later(h);
             }
+            drop(old.fork.take_idle(0));
         }
         let spec =
             functions.specs.iter().find(|s| s.image == image && PoolKey::new(image, &s.resources, s.network) == key);
@@ -446,6 +480,7 @@ impl Node {
             permits: Arc::new(Semaphore::new(max)),
             demand: Mutex::new(Demand::new()),
             last_used: Mutex::new(Instant::now()),
+            fork: fork::ForkPool::new(),
         });
         // A concurrent first call may have made it meanwhile: keep one.
         let pool = Arc::clone(functions.pools().entry(map_key).or_insert(pool));
@@ -481,6 +516,7 @@ impl Node {
                     for h in idle {
                         functions.destroy_later(h);
                     }
+                    drop(pool.fork.take_idle(0));
                     continue;
                 }
                 functions.fill(&pool);

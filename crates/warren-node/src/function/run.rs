@@ -14,7 +14,8 @@ use warren_api::{
 use warren_backend::files::{self, FileError};
 use warren_backend::{ExecProcess, ExecSpec, FsRoot};
 
-use super::{call_shape, Worker};
+use super::fork::{self, ForkDemand, ForkRequest, Outcome};
+use super::{call_shape, Admission, FunctionPool, Worker};
 use crate::exec::ExecEntry;
 use crate::{base_env, new_id, Node, NodeError, Result};
 
@@ -31,6 +32,9 @@ struct Call {
     files: Vec<(String, Vec<u8>)>,
     fetch: Vec<String>,
     env: BTreeMap<String, String>,
+    /// `HOME` or `TMPDIR` named by the caller (kept on the fork server).
+    env_home: bool,
+    env_tmpdir: bool,
     cwd: String,
     timeout: std::time::Duration,
     output_cap: u64,
@@ -79,6 +83,7 @@ impl Call {
             _ => return Err(NodeError::Invalid(ApiError::invalid("code", "give code, command or argv"))),
         };
         let mut env = base_env(&BTreeMap::new());
+        let (env_home, env_tmpdir) = (req.env.contains_key("HOME"), req.env.contains_key("TMPDIR"));
         env.extend(req.env);
         Ok(Call {
             argv_for,
@@ -86,11 +91,42 @@ impl Call {
             files,
             fetch: req.fetch,
             env,
+            env_home,
+            env_tmpdir,
             cwd,
             timeout: std::time::Duration::from_secs_f64(req.timeout_secs.unwrap_or(DEFAULT_FUNCTION_TIMEOUT_SECS)),
             output_cap: req.output_cap_bytes.unwrap_or(warren_api::DEFAULT_OUTPUT_CAP_BYTES),
         })
     }
+}
+
+impl Call {
+    /// The request for a fork server, when this call can use one: python
+    /// code whose files all go beneath its working directory (the call
+    /// directory, the only place the forked child may write).
+    fn fork_request(&self) -> Option<ForkRequest> {
+        let Program::Code { language: Language::Python, code, args } = &self.argv_for else { return None };
+        let dir = format!("{}/", self.cwd.trim_end_matches('/'));
+        if dir == "/" || !self.files.iter().all(|(path, _)| path.starts_with(&dir)) {
+            return None;
+        }
+        let mut env = self.env.clone();
+        if !self.env_home {
+            env.insert("HOME".into(), self.cwd.clone());
+        }
+        if !self.env_tmpdir {
+            env.insert("TMPDIR".into(), self.cwd.clone());
+        }
+        let stdin_hex = self.stdin.as_deref().unwrap_or_default().iter().map(|b| format!("{b:02x}")).collect();
+        Some(ForkRequest { code: code.clone(), args: args.clone(), env, cwd: self.cwd.clone(), stdin_hex })
+    }
+}
+
+/// What became of a call offered to a fork server.
+enum Forked {
+    Done(Box<Result<FunctionResult>>),
+    /// No fork server could take it and nothing of it ran: a worker runs it.
+    Declined(Admission),
 }
 
 fn absolute(cwd: &str, path: &str) -> String {
@@ -109,7 +145,7 @@ fn files_error(path: &str, e: FileError) -> NodeError {
 }
 
 /// The first program of `language`'s toolchain the worker's image has.
-fn find_toolchain(root: &FsRoot, language: Language) -> Option<String> {
+pub(super) fn find_toolchain(root: &FsRoot, language: Language) -> Option<String> {
     language.toolchain().iter().find_map(|name| {
         TOOL_DIRS.iter().map(|dir| format!("{dir}/{name}")).find(|path| files::open_read(root, path).is_ok())
     })
@@ -191,6 +227,31 @@ fn prepare(root: &FsRoot, call: &Call, image: &str) -> Result<Vec<String>> {
     }
 }
 
+/// Whether a fork server's call directory could be made.
+enum CallDir {
+    Made,
+    /// The call's `cwd` exists in the image (or its parent does not): a
+    /// worker runs the call, as the directory cannot be the call's alone.
+    Taken,
+    /// The files could not be written (the error to answer).
+    Failed(NodeError),
+}
+
+/// Makes the call's `cwd` - which must not exist yet - and writes its
+/// files there. Blocking.
+fn make_call_dir(root: &FsRoot, call: &Call) -> CallDir {
+    match files::mkdir(root, &call.cwd, 0o755, false) {
+        Ok(_) => {}
+        Err(_) => return CallDir::Taken,
+    }
+    for (path, data) in &call.files {
+        if let Err(e) = write_file(root, path, data) {
+            return CallDir::Failed(files_error(path, e));
+        }
+    }
+    CallDir::Made
+}
+
 /// Reads the fetched files back. Blocking.
 fn fetch(root: &FsRoot, cwd: &str, paths: &[String]) -> BTreeMap<String, FetchedFile> {
     let b64 = &base64::engine::general_purpose::STANDARD;
@@ -253,8 +314,18 @@ impl Node {
             }
             other => other,
         })?;
-        let (mut worker, queued) = self.inner.functions.claim(&pool).await?;
+        let request = call.fork_request();
+        let _python_demand = request.as_ref().map(|_| ForkDemand::new(&pool));
+        let (admission, queued) = self.inner.functions.admit(&pool).await?;
         let call = Arc::new(call);
+        let admission = match request {
+            Some(request) => match self.run_forked(&pool, admission, &call, request, arrived, queued).await {
+                Forked::Done(result) => return *result,
+                Forked::Declined(admission) => admission,
+            },
+            None => admission,
+        };
+        let mut worker = self.inner.functions.take_worker(admission).await?;
         let process = match self.start_in(&worker, &call, &image).await {
             Err(NodeError::Invalid(e)) => return Err(NodeError::Invalid(e)),
             Err(e) if worker.warm => {
@@ -282,15 +353,93 @@ impl Node {
         Ok(FunctionResult {
             exec: entry.result(true),
             files,
-            timings: FunctionTimings {
-                queue_secs: queued.as_secs_f64(),
-                setup_secs: prepared.saturating_sub(queued).as_secs_f64(),
-                run_secs,
-                fetch_secs: fetch_started.elapsed().as_secs_f64(),
-                total_secs: arrived.elapsed().as_secs_f64(),
-            },
+            timings: timings(arrived, queued, prepared, run_secs, fetch_started),
             warm_worker,
+            forked: false,
         })
+    }
+
+    /// Runs a python call on one of the pool's fork servers: a fresh call
+    /// directory with the files, the request, the run under the deadline,
+    /// `fetch`, and the directory's removal before the zygote serves again.
+    async fn run_forked(
+        &self,
+        pool: &Arc<FunctionPool>,
+        admission: Admission,
+        call: &Arc<Call>,
+        request: ForkRequest,
+        arrived: Instant,
+        queued: std::time::Duration,
+    ) -> Forked {
+        let functions = &self.inner.functions;
+        let Some((zygote, warm)) = fork::claim(functions, pool).await else { return Forked::Declined(admission) };
+        let root = match self.inner.container.fs_root(&zygote.handle) {
+            Ok(root) => Arc::new(root),
+            Err(e) => {
+                tracing::warn!(zygote = %zygote.handle.id, "a fork server has no root: {e}");
+                return Forked::Declined(admission);
+            }
+        };
+        let (dir_root, dir_call) = (Arc::clone(&root), Arc::clone(call));
+        match blocking(move || make_call_dir(&dir_root, &dir_call)).await {
+            Ok(CallDir::Made) => {}
+            Ok(CallDir::Taken) => {
+                fork::put_back(pool, zygote);
+                return Forked::Declined(admission);
+            }
+            Ok(CallDir::Failed(e)) => {
+                let (pool, root, cwd) = (Arc::clone(pool), Arc::clone(&root), call.cwd.clone());
+                let _ = blocking(move || fork::settle(&pool, zygote, &root, &cwd)).await;
+                return Forked::Done(Box::new(Err(e)));
+            }
+            Err(e) => return Forked::Done(Box::new(Err(e))),
+        }
+        let (process, done) = match fork::start(zygote, &request).await {
+            Ok(started) => started,
+            Err((zygote, why)) => {
+                tracing::warn!(zygote = %zygote.handle.id, "a fork server took no call: {why}");
+                return Forked::Declined(admission);
+            }
+        };
+        let (prepared, run_started) = (arrived.elapsed(), Instant::now());
+        let entry = ExecEntry::new(new_id("ex"), None, call.output_cap);
+        Arc::clone(&entry).drive(process, None, false, run_started + call.timeout).await;
+        let run_secs = run_started.elapsed().as_secs_f64();
+        let Ok((zygote, outcome)) = done.await else {
+            return Forked::Done(Box::new(Err(NodeError::Internal("a fork server's call vanished".into()))));
+        };
+        if let Outcome::SetupFailed(why) = &outcome {
+            fork::give_up(pool, why);
+            drop(zygote);
+            return Forked::Declined(admission);
+        }
+        let fetch_started = Instant::now();
+        let (fetch_root, paths, cwd) = (Arc::clone(&root), call.fetch.clone(), call.cwd.clone());
+        let settle_pool = Arc::clone(pool);
+        let files = blocking(move || {
+            let files = fetch(&fetch_root, &cwd, &paths);
+            match outcome {
+                Outcome::Clean => fork::settle(&settle_pool, zygote, &fetch_root, &cwd),
+                Outcome::Broken(why) => {
+                    tracing::warn!(zygote = %zygote.handle.id, "a fork server is replaced: {why}");
+                }
+                Outcome::SetupFailed(_) => {}
+            }
+            files
+        })
+        .await;
+        drop(admission);
+        let files = match files {
+            Ok(files) => files,
+            Err(e) => return Forked::Done(Box::new(Err(e))),
+        };
+        Forked::Done(Box::new(Ok(FunctionResult {
+            exec: entry.result(true),
+            files,
+            timings: timings(arrived, queued, prepared, run_secs, fetch_started),
+            warm_worker: warm,
+            forked: true,
+        })))
     }
 
     /// Writes the call's files and code into the worker (off the runtime)
@@ -301,6 +450,24 @@ impl Node {
         let argv = blocking(move || prepare(&root, &prepared, &image)).await??;
         let spec = ExecSpec { argv, env: call.env.clone(), cwd: call.cwd.clone(), capture_session_state: false };
         Ok(self.inner.container.exec(&worker.handle, spec).await?)
+    }
+}
+
+/// A call's timings, from the moments its steps ended: `queued` and
+/// `prepared` are measured from `arrived`.
+fn timings(
+    arrived: tokio::time::Instant,
+    queued: std::time::Duration,
+    prepared: std::time::Duration,
+    run_secs: f64,
+    fetch_started: tokio::time::Instant,
+) -> FunctionTimings {
+    FunctionTimings {
+        queue_secs: queued.as_secs_f64(),
+        setup_secs: prepared.saturating_sub(queued).as_secs_f64(),
+        run_secs,
+        fetch_secs: fetch_started.elapsed().as_secs_f64(),
+        total_secs: arrived.elapsed().as_secs_f64(),
     }
 }
 

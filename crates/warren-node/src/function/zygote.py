@@ -1,0 +1,424 @@
+# Warren's python fork server (crates/warren-node/src/function/fork.rs).
+#
+# Runs as `python3 -c` inside a container sandbox made exactly like a
+# function worker. Three levels, so that no call's data ever sits in memory
+# a later call is forked from:
+#   zygote  - initialises the interpreter once, then only forks leaders; it
+#             never reads a request or any output.
+#   leader  - one per call, forked ahead of time: reads ONE request from the
+#             control channel (fd 0), forks the user child, frames its
+#             output onto fd 1, kills whatever the call left, reports the
+#             exit and exits itself.
+#   child   - enters its own Landlock domain and runs the user code as
+#             `python3 -c` would.
+# Frames, both ways: 1 byte kind, 4 bytes big-endian length, payload.
+import os, sys, json, struct, select, signal, ctypes, atexit, types, builtins, gc
+
+HEAD = struct.Struct(">cI")
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
+# Landlock (linux/landlock.h).
+SYS_CREATE, SYS_ADD_RULE, SYS_RESTRICT = 444, 445, 446
+RULE_PATH_BENEATH = 1
+WRITE_FILE, TRUNCATE, IOCTL_DEV = 1 << 1, 1 << 14, 1 << 15
+# write_file, remove_dir/file, make_char/dir/reg/sock/fifo/block/sym, refer, truncate, ioctl_dev
+WRITE_CLASS = WRITE_FILE | sum(1 << b for b in range(4, 14)) | TRUNCATE | IOCTL_DEV
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1, 2
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full")
+SETUP_FAILED = 127
+# A leader's exit status when the node closed the channel: the zygote ends.
+LEADER_EOF = 3
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+
+
+def syscall(nr, *args):
+    r = libc.syscall(ctypes.c_long(nr), *args)
+    if r < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+    return r
+
+
+def prctl(option, value):
+    if libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)):
+        e = ctypes.get_errno()
+        raise OSError(e, "prctl(%d): %s" % (option, os.strerror(e)))
+
+
+def send(kind, payload):
+    data = HEAD.pack(kind, len(payload)) + payload
+    while data:
+        data = data[os.write(1, data):]
+
+
+def read_exact(n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(0, n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return buf
+
+
+def read_frame():
+    kind, n = HEAD.unpack(read_exact(HEAD.size))
+    return kind, read_exact(n)
+
+
+def landlock_abi():
+    return syscall(SYS_CREATE, None, ctypes.c_long(0), ctypes.c_long(1))
+
+
+def enter_own_domain(call_dir):
+    """Writes only beneath call_dir (and to a few devices); no signal,
+    ptrace or abstract socket reaches outside the new domain."""
+    attr = ctypes.create_string_buffer(struct.pack("<QQQ", WRITE_CLASS, 0, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL))
+    ruleset = syscall(SYS_CREATE, attr, ctypes.c_long(24), ctypes.c_long(0))
+    try:
+        for path, rights in [(call_dir, WRITE_CLASS)] + [(d, WRITE_FILE | TRUNCATE | IOCTL_DEV) for d in DEVICES]:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                rule = ctypes.create_string_buffer(struct.pack("<Qi", rights, fd))
+                syscall(SYS_ADD_RULE, ctypes.c_long(ruleset), ctypes.c_long(RULE_PATH_BENEATH), rule, ctypes.c_long(0))
+            finally:
+                os.close(fd)
+        syscall(SYS_RESTRICT, ctypes.c_long(ruleset), ctypes.c_long(0))
+    finally:
+        os.close(ruleset)
+
+
+def exit_code_of(e):
+    code = e.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr)
+    except Exception:
+        pass
+    return 1
+
+
+def read_all(fd):
+    data = b""
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return data
+        data += chunk
+
+
+def run_child(req_r, fds, status_w):
+    """In the forked child: wait for the request, isolate, then run the
+    code as `python3 -c`."""
+    in_r, out_w, err_w = fds
+    payload = read_all(req_r)
+    os.close(req_r)
+    if not payload:
+        os._exit(0)
+    req = json.loads(payload)
+    try:
+        cwd = req["cwd"]
+        os.chdir(cwd)
+        # The OOM killer should take the call, never its leader or the zygote.
+        try:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")
+        except OSError:
+            pass
+        # The zygote and leaders are not dumpable (so a call cannot read
+        # their /proc/<pid>/environ or mem); the call is, like `python3 -c`.
+        prctl(PR_SET_DUMPABLE, 1)
+        enter_own_domain(cwd)
+        os.dup2(in_r, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.write(status_w, b"ok")
+        os.closerange(3, 1 << 20)
+    except BaseException as e:
+        try:
+            os.write(status_w, ("cannot isolate the call: %r" % (e,)).encode())
+        finally:
+            os._exit(SETUP_FAILED)
+    os.environ.clear()
+    os.environ.update(req["env"])
+    sys.argv = ["-c"] + req["args"]
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    code = 0
+    try:
+        exec(compile(req["code"], "<string>", "exec"), main.__dict__)
+    except SystemExit as e:
+        code = exit_code_of(e)
+    except BaseException:
+        t, v, tb = sys.exc_info()
+        # Drop this bootstrap's frame: the traceback starts at <string>, as with -c.
+        v.__traceback__ = tb.tb_next
+        sys.excepthook(t, v, tb.tb_next)
+        code = 1
+    try:
+        atexit._run_exitfuncs()
+        if "threading" in sys.modules:
+            sys.modules["threading"]._shutdown()
+    except SystemExit as e:
+        code = exit_code_of(e)
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    os._exit(code)
+
+
+def descendants():
+    """Every process below this one (the leader is a subreaper, so orphans
+    of the call are below it too)."""
+    me = os.getpid()
+    children = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [me]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_everything():
+    """SIGKILLs every process of the call and reaps it, until none is left."""
+    while True:
+        alive = descendants()
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        reaped_any = False
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            reaped_any = True
+        if not alive and not reaped_any:
+            try:
+                os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+        if not reaped_any:
+            select.select([], [], [], 0.001)
+
+
+def remove_ipc():
+    """SysV IPC objects live in the sandbox's IPC namespace, not in a
+    process: a call's would outlive it."""
+    for kind, rm in (("shm", lambda i: libc.shmctl(i, 0, None)), ("sem", lambda i: libc.semctl(i, 0, 0)),
+                     ("msg", lambda i: libc.msgctl(i, 0, None))):
+        try:
+            with open("/proc/sysvipc/" + kind) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 1:
+                rm(int(fields[1]))
+
+
+def run_call():
+    """In the leader: one call, from the child's fork (before the request
+    comes, so the fork is off the call's path) to the exit report."""
+    req_r, req_w = os.pipe()
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    status_r, status_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        for fd in (0, req_w, in_w, out_r, err_r, status_r):
+            os.close(fd)
+        run_child(req_r, (in_r, out_w, err_w), status_w)
+    for fd in (req_r, in_r, out_w, err_w, status_w):
+        os.close(fd)
+    while True:
+        try:
+            kind, payload = read_frame()
+        except EOFError:
+            kill_everything()
+            os._exit(LEADER_EOF)
+        # A kill that crossed the end of the previous call is stale.
+        if kind == b"C":
+            break
+    req = json.loads(payload)
+    while payload:
+        payload = payload[os.write(req_w, payload):]
+    os.close(req_w)
+    status = b""
+    while True:
+        chunk = os.read(status_r, 4096)
+        if not chunk:
+            break
+        status += chunk
+    os.close(status_r)
+    if status != b"ok":
+        kill_everything()
+        send(b"X", json.dumps({"setup_error": status.decode("utf-8", "replace") or "the child died"}).encode())
+        return
+    pidfd = os.pidfd_open(pid)
+    stdin = bytes.fromhex(req.get("stdin_hex", ""))
+    for fd in (in_w, out_r, err_r):
+        os.set_blocking(fd, False)
+    if not stdin:
+        os.close(in_w)
+        in_w = None
+    streams = {out_r: b"O", err_r: b"E"}
+    killed, exit_status, rusage = False, None, None
+    while exit_status is None:
+        writers = [in_w] if in_w is not None else []
+        readable, writable, _ = select.select(list(streams) + [pidfd, 0], writers, [])
+        if in_w in writable:
+            try:
+                stdin = stdin[os.write(in_w, stdin[:65536]):]
+            except BrokenPipeError:
+                stdin = b""
+            if not stdin:
+                os.close(in_w)
+                in_w = None
+        for fd in readable:
+            if fd in streams:
+                pump(fd, streams)
+            elif fd == 0:
+                try:
+                    kind, _ = read_frame()
+                except EOFError:
+                    kind = b"K"
+                if kind == b"K":
+                    killed = True
+                    kill_everything()
+            elif fd == pidfd:
+                try:
+                    _, exit_status, rusage = os.wait4(pid, 0)
+                except ChildProcessError:
+                    # kill_everything reaped it.
+                    exit_status, rusage = -1, None
+    # Output the call's other processes write until they die is kept too.
+    for fd in list(streams):
+        pump(fd, streams)
+    kill_everything()
+    for fd in list(streams):
+        os.set_blocking(fd, True)
+        while fd in streams:
+            pump(fd, streams)
+    if in_w is not None:
+        os.close(in_w)
+    os.close(pidfd)
+    remove_ipc()
+    report = {"killed": killed, "exit_code": None, "signal": None, "cpu_ns": 0, "peak_memory_bytes": 0}
+    if exit_status is not None and exit_status >= 0:
+        if os.WIFEXITED(exit_status):
+            report["exit_code"] = os.WEXITSTATUS(exit_status)
+        elif os.WIFSIGNALED(exit_status):
+            report["signal"] = os.WTERMSIG(exit_status)
+    elif killed:
+        report["signal"] = signal.SIGKILL
+    if rusage is not None:
+        report["cpu_ns"] = int((rusage.ru_utime + rusage.ru_stime) * 1e9)
+        report["peak_memory_bytes"] = rusage.ru_maxrss * 1024
+    send(b"X", json.dumps(report).encode())
+
+
+def pump(fd, streams):
+    try:
+        data = os.read(fd, 65536)
+    except BlockingIOError:
+        return
+    if data:
+        send(streams[fd], data)
+    else:
+        del streams[fd]
+        os.close(fd)
+
+
+def lead():
+    """A leader's life: one call, then exit."""
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    run_call()
+    os._exit(0)
+
+
+def probe():
+    """A child that cannot enter its own domain fails the zygote, so that
+    the node falls back to one-use workers (fail closed)."""
+    abi = landlock_abi()
+    if abi < 6:
+        raise OSError("Landlock ABI %d < 6 (scoped signals and abstract sockets)" % abi)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            enter_own_domain("/")
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise OSError("a child cannot enter its own Landlock domain")
+    return abi
+
+
+def zygote():
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    prctl(PR_SET_DUMPABLE, 0)
+    abi = probe()
+    # Objects made so far are never collected: a child's collector then
+    # leaves their pages shared instead of touching (copying) them.
+    gc.freeze()
+    send(b"R", json.dumps({"pid": os.getpid(), "python": sys.version.split()[0], "landlock_abi": abi}).encode())
+    while True:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                lead()
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+            os._exit(70)
+        # The leader kills its call's processes; anything reparented here
+        # despite that is killed with the next leader's exit.
+        _, status = os.waitpid(pid, 0)
+        kill_everything()
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == LEADER_EOF:
+            return
+        if status != 0:
+            raise OSError("a call leader failed (status %d)" % status)
+
+
+try:
+    zygote()
+except EOFError:
+    pass
+except BaseException as e:
+    try:
+        send(b"F", ("fork server: %r" % (e,)).encode())
+    except BaseException:
+        pass
+    sys.exit(1)
