@@ -128,7 +128,7 @@ async fn a_missing_protected_path_cannot_be_created_during_its_phase() {
 }
 
 #[tokio::test]
-async fn kill_running_ends_earlier_phases_and_keep_running_keeps_their_rights() {
+async fn kill_running_ends_earlier_phases_and_the_tamper_watch_holds_the_kept_ones() {
     let server = TestServer::start().await;
     let sb = sandbox_with_answers(&server).await;
     // A background job of `setup` that reads the answers when asked to:
