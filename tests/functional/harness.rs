@@ -29,3 +29,26 @@ async fn drop_guard_removes_what_a_failed_test_left() {
     assert!(leaks::instance_cgroup_dirs(&instance).is_empty());
     assert!(!data_dir.exists(), "the temp dir is removed");
 }
+
+/// A test process killed from outside never cleans up; the next test
+/// process sweeps the cgroups of instances whose process is gone, and
+/// leaves those of live processes alone.
+#[test]
+fn cgroups_of_dead_test_processes_are_swept_and_live_ones_kept() {
+    let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+    let dead = child.id();
+    child.wait().expect("reap true");
+    let memory = std::path::Path::new("/sys/fs/cgroup/memory");
+    let dead_dirs = [memory.join(format!("wt-{dead}-7")), memory.join(format!("wt-{dead}-7-vm"))];
+    let live = memory.join(format!("wt-{}-9999", std::process::id()));
+    for dir in dead_dirs.iter().chain([&live]) {
+        std::fs::create_dir_all(dir.join("sb-left")).expect("make a cgroup");
+    }
+    leaks::sweep_dead_test_instances();
+    for dir in &dead_dirs {
+        assert!(!dir.exists(), "{} of a dead test process survived the sweep", dir.display());
+    }
+    assert!(live.join("sb-left").is_dir(), "the sweep removed a live process's cgroup");
+    std::fs::remove_dir(live.join("sb-left")).expect("remove the sandbox cgroup");
+    std::fs::remove_dir(&live).expect("remove the instance cgroup");
+}

@@ -232,6 +232,40 @@ pub fn force_cleanup(data_dir: &Path, instance: &str) -> Vec<PathBuf> {
     mounts_under(data_dir)
 }
 
+/// Removes what test servers of *dead* test processes left in the cgroup
+/// hierarchies: instances named `wt-<pid>-<n>` (and their `-vm`,
+/// `-fullvm` siblings) whose `<pid>` no longer exists. A test process
+/// killed from outside never runs its servers' cleanup, and no later server
+/// restarts its instance, so nothing else would. Instances of live
+/// processes (this one, or another suite running beside it) are left alone.
+pub fn sweep_dead_test_instances() {
+    let mut dead = std::collections::BTreeSet::new();
+    for hierarchy in dir_entries(Path::new(CGROUP_ROOT)) {
+        for dir in dir_entries(&hierarchy) {
+            let Some(name) = dir.file_name().and_then(|n| n.to_str()) else { continue };
+            let Some(instance) = dead_test_instance(name) else { continue };
+            dead.insert(instance);
+        }
+    }
+    for instance in dead {
+        kill_instance_processes(&instance, Duration::from_secs(10));
+        for dir in sandbox_cgroup_dirs(&instance) {
+            let _ = fs::remove_dir(dir);
+        }
+        remove_instance_dirs(&instance);
+    }
+}
+
+/// `wt-<pid>-<n>` (from a cgroup directory named so, or with a driver's
+/// suffix) when `<pid>` is not a live process.
+fn dead_test_instance(name: &str) -> Option<String> {
+    let base = name.strip_suffix("-vm").or_else(|| name.strip_suffix("-fullvm")).unwrap_or(name);
+    let mut parts = base.strip_prefix("wt-")?.splitn(2, '-');
+    let pid: u32 = parts.next()?.parse().ok()?;
+    let _n: u32 = parts.next()?.parse().ok()?;
+    (pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()).then(|| base.to_string())
+}
+
 /// Removes the (empty) instance directories themselves.
 pub fn remove_instance_dirs(instance: &str) {
     for dir in instance_cgroup_dirs(instance) {

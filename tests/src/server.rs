@@ -130,6 +130,8 @@ impl TestServer {
 
     /// Like [`TestServer::start`], launched as `launch` says.
     pub async fn start_launched(launch: Launch) -> TestServer {
+        static SWEEP: std::sync::Once = std::sync::Once::new();
+        SWEEP.call_once(leaks::sweep_dead_test_instances);
         let dir = tempfile::Builder::new().prefix("warren-test-").tempdir().expect("make a temp dir");
         // Like /var/lib: the sandbox's ids must be able to traverse to its root.
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod the temp dir");
