@@ -14,11 +14,14 @@ pub enum Forked {
 /// Forks the calling process.
 ///
 /// # Safety
-/// The process must be single-threaded: after `fork` the child may only use
-/// state no other thread could have held locked.
+/// After `fork` the child may only use state no other thread could have
+/// held locked at the fork: anything, when the process is single-threaded;
+/// otherwise only its own descriptors and memory and glibc's allocator
+/// (whose `fork` resets its locks in the child). The phase leader relies
+/// on the second case.
 pub unsafe fn fork() -> io::Result<Forked> {
-    // SAFETY: the caller guarantees there is no other thread, so the child
-    // inherits no lock held mid-update.
+    // SAFETY: the caller guarantees the child touches no state another
+    // thread could have held locked mid-update.
     match unsafe { libc::fork() } {
         -1 => Err(io::Error::last_os_error()),
         0 => Ok(Forked::Child),
