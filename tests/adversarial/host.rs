@@ -190,7 +190,7 @@ fn host_pids() -> Vec<i32> {
     leaks::dir_entries(Path::new("/proc"))
         .iter()
         .filter_map(|p| p.file_name()?.to_str()?.parse().ok())
-        .filter(|pid| !leaks::is_zombie(*pid))
+        .filter(|pid| !leaks::is_exiting(*pid))
         .collect()
 }
 

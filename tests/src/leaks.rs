@@ -169,6 +169,21 @@ pub fn is_zombie(pid: i32) -> bool {
     matches!(state.as_deref(), Some("Z" | "X" | "x") | None)
 }
 
+/// True when `pid` is gone, a zombie, or past the start of `do_exit`
+/// (`PF_EXITING` in `/proc/<pid>/stat`'s flags): it runs no user code again.
+/// A sandbox's PID 1 waits in that state, its memory already dropped, until
+/// the last process of its pid namespace is reaped, after it has left its
+/// cgroups - so it must not read as a process outside every sandbox.
+pub fn is_exiting(pid: i32) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return true };
+    let mut fields = stat.rfind(')').map(|i| stat[i + 1..].split_whitespace()).into_iter().flatten();
+    let state = fields.next();
+    // After the state: ppid, pgrp, session, tty_nr, tpgid, then flags.
+    let flags = fields.nth(5).and_then(|f| f.parse::<u64>().ok());
+    matches!(state, Some("Z" | "X" | "x") | None) || flags.is_none_or(|f| f & PF_EXITING != 0)
+}
+
 /// A process named by pid and start time, so a recycled pid is never
 /// mistaken for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -345,5 +360,20 @@ mod tests {
         let me = std::process::id() as i32;
         assert!(proc_status_field(me, "Uid").is_some());
         assert!(!is_zombie(me));
+        assert!(!is_exiting(me), "a running process is not exiting");
+    }
+
+    #[test]
+    fn a_zombie_reads_as_exiting() {
+        let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+        let pid = child.id() as i32;
+        // Unreaped, the child stays a zombie until wait().
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !is_zombie(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(is_exiting(pid), "a zombie has run its last user code");
+        child.wait().unwrap();
+        assert!(is_exiting(pid), "a reaped pid is gone");
     }
 }
