@@ -182,6 +182,10 @@ fn pids_cgroup(pid: i32) -> Option<String> {
     text.lines().find_map(|l| l.split_once(":pids:").map(|(_, path)| path.to_string()))
 }
 
+fn comm(pid: i32) -> String {
+    fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim_end().to_string()).unwrap_or_default()
+}
+
 fn parent(pid: i32) -> Option<i32> {
     leaks::proc_status_field(pid, "PPid").and_then(|p| p.trim().parse().ok())
 }
@@ -205,8 +209,12 @@ pub fn escaped_processes(server_pid: Option<u32>, instance: &str) -> Vec<String>
         let cgroup = pids_cgroup(pid).unwrap_or_default();
         let in_some_sandbox = cgroup.trim_matches('/').split('/').count() >= 2;
         let in_ours = cgroup.split('/').any(|c| c == instance);
-        if uid.is_some_and(|u| u >= SANDBOX_UID_BASE) && !in_some_sandbox {
-            out.push(format!("pid {pid} (uid {uid:?}, cgroup {cgroup}): {}", leaks::cmdline(pid)));
+        // Exiting is checked again after the reads above: a process leaves
+        // its v1 cgroups inside do_exit, after PF_EXITING is set, so one
+        // that began to exit between the first check and the cgroup read
+        // shows the root cgroup and is caught here.
+        if uid.is_some_and(|u| u >= SANDBOX_UID_BASE) && !in_some_sandbox && !leaks::is_exiting(pid) {
+            out.push(format!("pid {pid} ({}, uid {uid:?}, cgroup {cgroup}): {}", comm(pid), leaks::cmdline(pid)));
             continue;
         }
         let Some(server) = server_pid.map(|p| p as i32) else { continue };
@@ -217,10 +225,13 @@ pub fn escaped_processes(server_pid: Option<u32>, instance: &str) -> Vec<String>
         for _ in 0..64 {
             match ancestor {
                 Some(a) if a == server => {
-                    out.push(format!(
-                        "pid {pid}, a descendant of the server outside its cgroups ({cgroup}): {}",
-                        leaks::cmdline(pid)
-                    ));
+                    if !leaks::is_exiting(pid) {
+                        out.push(format!(
+                            "pid {pid} ({}), a descendant of the server outside its cgroups ({cgroup}): {}",
+                            comm(pid),
+                            leaks::cmdline(pid)
+                        ));
+                    }
                     break;
                 }
                 Some(a) if a > 1 => ancestor = parent(a),
