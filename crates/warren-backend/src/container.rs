@@ -285,6 +285,18 @@ impl Driver for ContainerDriver {
         self.remove(Remains { layout, cgroup, pid1, run_dir: Arc::clone(&self.run_dir) }).await
     }
 
+    /// Init's process is alive: that is enough in a sandbox where nothing
+    /// has run (init answered when the sandbox was made, and only a process
+    /// of the sandbox could have stopped it answering since). The full probe
+    /// connects to init, which costs init a thread and the claim a round
+    /// trip through two schedulers.
+    async fn probe_idle(&self, handle: &SandboxHandle) -> Liveness {
+        match self.state(handle) {
+            Ok(state) if state.pid1.is_running() => Liveness::Alive,
+            _ => self.probe(handle).await,
+        }
+    }
+
     async fn probe(&self, handle: &SandboxHandle) -> Liveness {
         let Ok(state) = self.state(handle) else { return Liveness::Dead { oom: false } };
         // A frozen init cannot answer a ping; its being there is all a paused sandbox can show.

@@ -193,6 +193,13 @@ pub trait Driver: Send + Sync {
     /// Whether the sandbox's init still lives (and answers, for re-adoption).
     async fn probe(&self, handle: &SandboxHandle) -> Liveness;
 
+    /// [`Driver::probe`] for a sandbox in which nothing has run yet (a
+    /// warm-pool member being claimed), as cheaply as the backend can
+    /// tell: a backend may skip the round trip to init there.
+    async fn probe_idle(&self, handle: &SandboxHandle) -> Liveness {
+        self.probe(handle).await
+    }
+
     fn usage(&self, handle: &SandboxHandle) -> Result<Usage>;
 
     /// Counters of the limits the sandbox ran into, read from outside it;

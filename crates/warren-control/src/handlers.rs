@@ -216,8 +216,7 @@ pub(crate) fn ndjson(frames: impl Stream<Item = ExecFrame> + Send + 'static) -> 
 
 pub(crate) async fn exec_answer(entry: std::sync::Arc<warren_node::ExecEntry>, wait: bool) -> ApiResult<Response> {
     if wait {
-        let mut frames = std::pin::pin!(entry.stream(u64::MAX, u64::MAX, None));
-        while frames.next().await.is_some() {}
+        entry.ended().await;
         return Ok(Json(entry.result(true)).into_response());
     }
     let first = ExecFrame::Started { exec_id: entry.id.clone() };

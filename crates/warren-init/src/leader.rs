@@ -29,13 +29,16 @@
 //! the [`PhaseRules`]; the leader answers `Ready` (or `Failed`). Then per
 //! exec PID 1 sends a [`SpawnOrder`] whose length prefix carries the
 //! child's descriptors (`SCM_RIGHTS`: stdin, stdout, stderr, and for a
-//! session the state pipe and init's binary), and the leader answers
-//! twice: `Cloned` with the new pid, then `Spawned` or `SpawnFailed` (an
-//! exec failure travels back from the child through a close-on-exec pipe,
-//! as in std). The child waits for the leader's go-ahead before it execs,
-//! and the leader gives it only once `Cloned` is on its way: so PID 1
-//! always learns the pid, even when the program kills the leader at once
-//! (a leader lost after `Cloned` is replaced, and its exec stands).
+//! session the state pipe and init's binary), and PID 1 hears twice:
+//! `Cloned` with the new pid, then `Spawned` or `SpawnFailed` (an exec
+//! failure travels back from the child through a close-on-exec pipe, as in
+//! std). The leader starts the child with `clone(CLONE_VM | CLONE_VFORK)`
+//! (no copy of its page tables; it waits until the child has exec'd), and
+//! the child itself sends `Cloned` before anything else, so PID 1 always
+//! learns the pid before the program runs, even when the program kills
+//! the leader at once (a leader lost after `Cloned` is replaced, and its
+//! exec stands); a child killed before its message is announced by the
+//! leader.
 //!
 //! The leader is in the phase's domain, so the phase's own processes can
 //! signal it (kill or stop it). That only hurts their own sandbox, and PID
@@ -49,6 +52,7 @@ use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rustix::net::{
@@ -246,7 +250,14 @@ impl Leader {
             }
             other => return Err(SpawnError::Leader(io::Error::other(format!("unexpected answer {other:?}")))),
         };
-        let answer = match read_message::<LeaderSays>(&mut self.channel) {
+        let mut answer = read_message::<LeaderSays>(&mut self.channel);
+        // The child announces itself, and the leader does when the child was
+        // killed before it could: a child killed right after its message can
+        // make both say it.
+        while matches!(answer, Ok(LeaderSays::Cloned { pid }) if pid == cloned) {
+            answer = read_message::<LeaderSays>(&mut self.channel);
+        }
+        let answer = match answer {
             Ok(answer) => answer,
             // The process was released to exec, and the program may well
             // have killed its leader (it may: they share the phase's
@@ -453,13 +464,14 @@ fn level(access: PathAccess) -> Level {
 }
 
 fn serve(channel: &mut UnixStream) -> ! {
+    let mut stack = vec![0u8; CHILD_STACK_BYTES];
     loop {
         let (order, fds) = match read_message_with_fds::<SpawnOrder>(channel) {
             Ok(Some(message)) => message,
             // PID 1 retired this leader (or broke the channel).
             _ => sys::exit_now(0),
         };
-        let answer = match spawn(channel, &order, &fds) {
+        let answer = match spawn(channel, &order, &fds, &mut stack) {
             Ok(pid) => LeaderSays::Spawned { pid },
             Err((step, e)) => {
                 LeaderSays::SpawnFailed { errno: e.raw_os_error().unwrap_or(libc::EIO), step: step.into() }
@@ -499,79 +511,136 @@ fn prepare(order: &SpawnOrder) -> io::Result<Prepared> {
     })
 }
 
+/// The stack a child runs on between `clone` and `exec`: it shares the
+/// leader's memory (`CLONE_VM`) and so cannot use the leader's stack. One
+/// is enough, as the leader is suspended until its child has exec'd or
+/// exited (`CLONE_VFORK`).
+const CHILD_STACK_BYTES: usize = 64 * 1024;
+
 /// Starts one process as PID 1's child in this leader's domain; on
 /// failure, which step failed and why.
-fn spawn(channel: &UnixStream, order: &SpawnOrder, fds: &[OwnedFd]) -> Result<i32, (&'static str, io::Error)> {
+///
+/// `clone(CLONE_VM | CLONE_VFORK)`, as `posix_spawn` does, not a `fork`:
+/// the child does not copy the leader's page tables (nor the leader take a
+/// copy-on-write fault for each page it writes afterwards), and it tells
+/// PID 1 its pid itself, so no go-ahead has to wake it: one process
+/// switch fewer per exec.
+fn spawn(
+    channel: &UnixStream,
+    order: &SpawnOrder,
+    fds: &[OwnedFd],
+    stack: &mut [u8],
+) -> Result<i32, (&'static str, io::Error)> {
     if !(3..=MAX_FDS).contains(&fds.len()) {
         return Err(("descriptors", io::Error::from_raw_os_error(libc::EINVAL)));
     }
     let prepared = prepare(order).map_err(|e| ("arguments", e))?;
-    let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| ("pipe", io::Error::from(e)));
-    let (error_rx, error_tx) = pipe()?;
-    let (go_rx, go_tx) = pipe()?;
+    let (error_rx, error_tx) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| ("pipe", io::Error::from(e)))?;
     let raw_fds: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
-    // SAFETY: the leader is single-threaded, and the child only makes raw
-    // system calls before it execs or exits.
-    match unsafe { sys::clone_parent() }.map_err(|e| ("clone", e))? {
-        sys::Forked::Child => child(
-            &prepared,
-            &raw_fds,
-            Handshake { error_tx: error_tx.as_raw_fd(), go: (go_rx.as_raw_fd(), go_tx.as_raw_fd()) },
-        ),
-        sys::Forked::Parent { child } => {
-            drop(error_tx);
-            drop(go_rx);
-            // PID 1 hears of the pid before the program can run (and so
-            // before it can kill this leader).
-            if send_message(channel, &LeaderSays::Cloned { pid: child }, &[]).is_err() {
-                sys::exit_now(0)
-            }
-            // A child that failed a step has exited (EPIPE here: Rust
-            // binaries ignore SIGPIPE) and says why on the error pipe.
-            let _ = rustix::io::write(&go_tx, &[1]);
-            drop(go_tx);
-            let mut report = [0u8; 8];
-            let mut got = 0;
-            while got < report.len() {
-                match rustix::io::read(&error_rx, &mut report[got..]) {
-                    Ok(0) => break,
-                    Ok(n) => got += n,
-                    Err(rustix::io::Errno::INTR) => {}
-                    Err(e) => return Err(("exec report", e.into())),
-                }
-            }
-            match got {
-                // The pipe closed on exec: the program runs.
-                0 => Ok(child),
-                8 => {
-                    let errno = i32::from_ne_bytes([report[0], report[1], report[2], report[3]]);
-                    let step =
-                        CHILD_STEPS.get(u32::from_ne_bytes([report[4], report[5], report[6], report[7]]) as usize);
-                    Err((step.copied().unwrap_or("exec"), io::Error::from_raw_os_error(errno)))
-                }
-                _ => Err(("exec report", io::Error::from(io::ErrorKind::UnexpectedEof))),
-            }
+    let told = AtomicBool::new(false);
+    let args = ChildArgs {
+        prepared: &prepared,
+        fds: &raw_fds,
+        error_tx: error_tx.as_raw_fd(),
+        channel: channel.as_raw_fd(),
+        told: &told,
+    };
+    // The stack grows down from its 16-byte aligned top.
+    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
+    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PARENT | libc::SIGCHLD;
+    // SAFETY: the leader is single-threaded and suspended until the child
+    // has exec'd or exited, so nothing else touches the memory they share
+    // meanwhile; the child runs `child_entry` on `stack`, which outlives
+    // the call, and only reads `args` (alive until the call returns) and
+    // stores to `told`, then makes raw system calls until it execs.
+    let child = unsafe {
+        libc::clone(child_entry, top as *mut libc::c_void, flags, (&args as *const ChildArgs<'_>).cast_mut().cast())
+    };
+    if child == -1 {
+        return Err(("clone", io::Error::last_os_error()));
+    }
+    drop(error_tx);
+    // A child killed before it could say its pid: PID 1 hears it from here
+    // (before `Spawned`, as always).
+    if !told.load(Ordering::SeqCst) && send_message(channel, &LeaderSays::Cloned { pid: child }, &[]).is_err() {
+        sys::exit_now(0)
+    }
+    // The child has exec'd (the pipe closed on exec) or exited; a failed
+    // step's report is in the pipe already.
+    let mut report = [0u8; 8];
+    let mut got = 0;
+    while got < report.len() {
+        match rustix::io::read(&error_rx, &mut report[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(("exec report", e.into())),
         }
+    }
+    match got {
+        // The pipe closed on exec: the program runs.
+        0 => Ok(child),
+        8 => {
+            let errno = i32::from_ne_bytes([report[0], report[1], report[2], report[3]]);
+            let step = CHILD_STEPS.get(u32::from_ne_bytes([report[4], report[5], report[6], report[7]]) as usize);
+            Err((step.copied().unwrap_or("exec"), io::Error::from_raw_os_error(errno)))
+        }
+        _ => Err(("exec report", io::Error::from(io::ErrorKind::UnexpectedEof))),
     }
 }
 
 /// The child's steps, numbered for the error report.
-const CHILD_STEPS: [&str; 6] = ["setsid", "prctl(PR_SET_CHILD_SUBREAPER)", "dup2", "chdir", "execve", "go-ahead"];
+const CHILD_STEPS: [&str; 6] = ["setsid", "prctl(PR_SET_CHILD_SUBREAPER)", "dup2", "chdir", "execve", "announce"];
 
-/// The child's ends of its two pipes to the leader: where it reports a
-/// failed step, and the go-ahead it waits for before it execs (with the
-/// leader's write end, which it closes so a dead leader reads as no).
-struct Handshake {
+/// What the child reads from the leader's memory.
+struct ChildArgs<'a> {
+    prepared: &'a Prepared,
+    fds: &'a [RawFd],
+    /// Where it reports a failed step (close-on-exec).
     error_tx: RawFd,
-    go: (RawFd, RawFd),
+    /// The leader's channel to PID 1, on which it announces its pid.
+    channel: RawFd,
+    /// Set once the announcement is sent.
+    told: &'a AtomicBool,
 }
 
-/// The child between `clone` and `exec`. Like `exec::prepare_child`: its
-/// own session and child-subreaper status (so PID 1's `kill_tree` finds the
-/// whole tree), `fds` as 0, 1, 2, ..., everything else closed on exec,
-/// default signal dispositions. Never returns.
-fn child(prepared: &Prepared, fds: &[RawFd], handshake: Handshake) -> ! {
-    let Handshake { error_tx, go: (go_rx, go_tx) } = handshake;
+/// `Cloned { pid }` as [`send_message`] frames it, built without
+/// allocating: the child shares the leader's heap.
+fn cloned_message(pid: i32, buf: &mut [u8; 64]) -> usize {
+    let mut digits = [0u8; 10];
+    let mut n = pid.unsigned_abs();
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    const HEAD: &[u8] = br#"{"says":"cloned","pid":"#;
+    let body_len = HEAD.len() + len + 1;
+    buf[..4].copy_from_slice(&(body_len as u32).to_be_bytes());
+    buf[4..4 + HEAD.len()].copy_from_slice(HEAD);
+    for (i, d) in digits[..len].iter().rev().enumerate() {
+        buf[4 + HEAD.len() + i] = *d;
+    }
+    buf[4 + body_len - 1] = b'}';
+    4 + body_len
+}
+
+/// The child between `clone` and `exec`. Like `exec::prepare_child`: it
+/// first tells PID 1 its pid (before the program can run, and so before it
+/// can kill this leader), then takes its own session and child-subreaper
+/// status (so PID 1's `kill_tree` finds the whole tree), `fds` as 0, 1, 2,
+/// ..., everything else closed on exec, default signal dispositions.
+/// Never returns.
+extern "C" fn child_entry(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `ChildArgs` of `spawn`, alive (and not written)
+    // while the leader is suspended in `clone`.
+    let args = unsafe { &*(arg as *const ChildArgs<'_>) };
+    let error_tx = args.error_tx;
     let fail = |step: u32| -> ! {
         let errno = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
         let mut report = [0u8; 8];
@@ -584,13 +653,28 @@ fn child(prepared: &Prepared, fds: &[RawFd], handshake: Handshake) -> ! {
             libc::_exit(127)
         }
     };
-    // SAFETY: this is the single-threaded child of the single-threaded
-    // leader: raw system calls on integers and on the pointers prepared
-    // before the clone, which stay valid in this copy of the memory. The
-    // received descriptors are all above EXE_FD, so no dup2 overwrites a
-    // source of a later one.
+    // SAFETY: raw system calls on integers, on buffers of this stack and on
+    // the pointers prepared before the clone, which stay valid (the memory
+    // is the leader's, which waits). The received descriptors are all above
+    // EXE_FD, so no dup2 overwrites a source of a later one. No signal
+    // handler can run on the shared memory: the leader has none (its
+    // dispositions are the defaults), and this process resets its own.
     unsafe {
-        libc::close(go_tx);
+        let mut message = [0u8; 64];
+        let len = cloned_message(libc::getpid(), &mut message);
+        let mut sent = 0;
+        while sent < len {
+            let n = libc::send(args.channel, message[sent..len].as_ptr().cast(), len - sent, libc::MSG_NOSIGNAL);
+            if n > 0 {
+                sent += n as usize;
+            } else if n == -1 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            } else {
+                // PID 1 is gone or the channel broke: this process must not run.
+                fail(5)
+            }
+        }
+        args.told.store(true, Ordering::SeqCst);
         sys::reset_signal_dispositions();
         if libc::setsid() == -1 {
             fail(0)
@@ -598,25 +682,16 @@ fn child(prepared: &Prepared, fds: &[RawFd], handshake: Handshake) -> ! {
         if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) == -1 {
             fail(1)
         }
-        for (target, &fd) in fds.iter().enumerate() {
+        for (target, &fd) in args.fds.iter().enumerate() {
             if libc::dup2(fd, target as RawFd) == -1 {
                 fail(2)
             }
         }
-        if libc::chdir(prepared.cwd.as_ptr()) == -1 {
+        if libc::chdir(args.prepared.cwd.as_ptr()) == -1 {
             fail(3)
         }
-        libc::close_range(fds.len() as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC as i32);
-        let mut go = 0u8;
-        loop {
-            match libc::read(go_rx, (&mut go as *mut u8).cast(), 1) {
-                1 => break,
-                -1 if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => {}
-                // The leader died before PID 1 heard of this process.
-                _ => fail(5),
-            }
-        }
-        libc::execve(prepared.program.as_ptr(), prepared.argv_ptrs.as_ptr(), prepared.env_ptrs.as_ptr());
+        libc::close_range(args.fds.len() as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC as i32);
+        libc::execve(args.prepared.program.as_ptr(), args.prepared.argv_ptrs.as_ptr(), args.prepared.env_ptrs.as_ptr());
         fail(4)
     }
 }
@@ -624,6 +699,17 @@ fn child(prepared: &Prepared, fds: &[RawFd], handshake: Handshake) -> ! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_child_announces_itself_as_the_leader_would() {
+        for pid in [1, 9, 10, 4_194_304, i32::MAX] {
+            let mut buf = [0u8; 64];
+            let len = cloned_message(pid, &mut buf);
+            let (a, mut b) = UnixStream::pair().unwrap();
+            (&a).write_all(&buf[..len]).unwrap();
+            assert_eq!(read_message::<LeaderSays>(&mut b).unwrap(), LeaderSays::Cloned { pid });
+        }
+    }
 
     #[test]
     fn messages_carry_descriptors_on_their_length_prefix() {

@@ -29,24 +29,6 @@ pub unsafe fn fork() -> io::Result<Forked> {
     }
 }
 
-/// Creates a child of this process's *parent* (`clone(CLONE_PARENT |
-/// SIGCHLD)`), otherwise like `fork`: the parent is told of its end and
-/// reaps it, this process only learns its pid.
-///
-/// # Safety
-/// As for [`fork`]: the process must be single-threaded.
-pub unsafe fn clone_parent() -> io::Result<Forked> {
-    let flags = (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong;
-    // SAFETY: without CLONE_VM and with a null stack the child runs on a
-    // copy of this process's memory and stack, exactly as after fork; the
-    // caller guarantees no other thread holds a lock in that copy.
-    match unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) } {
-        -1 => Err(io::Error::last_os_error()),
-        0 => Ok(Forked::Child),
-        child => Ok(Forked::Parent { child: child as i32 }),
-    }
-}
-
 /// Ends the process at once, without running destructors or `atexit`
 /// handlers (the forking parent must not flush or free anything it shares
 /// with the child).

@@ -108,6 +108,19 @@ impl ExecEntry {
         self.lock().result.is_some()
     }
 
+    /// Returns once the exec has ended (its result is published). Cheaper
+    /// than draining [`ExecEntry::stream`] for a caller that wants only the
+    /// end: no task, no channel.
+    pub async fn ended(&self) {
+        // Subscribed before the check: a bump in between still wakes us.
+        let mut version = self.version.subscribe();
+        while !self.is_finished() {
+            if version.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// Asks the driving task to kill the process tree; the exec ends `killed`.
     pub fn request_kill(&self) {
         self.kill_requested.store(true, Ordering::SeqCst);

@@ -842,6 +842,11 @@ impl Node {
             if let Some(running) = running {
                 let _ = running.await;
             }
+            // After the claim's commit, whose `running` record this one replaces.
+            let step = match step {
+                Some(step) => step.settled().await,
+                None => None,
+            };
             let finished = {
                 let (node, sandbox, entry) = (node.clone(), live.id.clone(), Arc::clone(&driving));
                 tokio::task::spawn_blocking(move || node.persist_exec_end(&sandbox, &entry, step))

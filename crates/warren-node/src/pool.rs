@@ -235,7 +235,7 @@ impl Node {
         loop {
             let (handle, leases) = pools.pop(key)?;
             pools.wake.notify_one();
-            if driver.probe(&handle).await == Liveness::Alive {
+            if driver.probe_idle(&handle).await == Liveness::Alive {
                 return Some((handle, leases));
             }
             let _ = driver.destroy(&handle).await;

@@ -96,11 +96,33 @@ struct StepRecord {
 }
 
 /// An exec that is a trajectory step: its id was chosen before the claim,
-/// and the claim's commit also stored the exec's `running` record, so the
+/// and the claim's commit also stores the exec's `running` record, so the
 /// exec itself stores only its final record (in one commit with the step's).
 pub(crate) struct LoggedExec {
     pub exec_id: String,
-    pub step: u64,
+    pub step: StepNo,
+}
+
+/// The step of a [`LoggedExec`].
+pub(crate) enum StepNo {
+    /// Claimed (durably) before the process started: a client-numbered
+    /// step, where of two calls with one number exactly one may run.
+    Claimed(u64),
+    /// An auto-numbered step, whose claim cannot lose to another call and
+    /// so commits while the process starts (the commit's sync is then off
+    /// the exec's path; the call still answers only once it is durable).
+    /// The sender is dropped unsent when the claim failed.
+    Claiming(tokio::sync::oneshot::Receiver<u64>),
+}
+
+impl StepNo {
+    /// The step once its claim committed; `None` if the claim failed.
+    pub(crate) async fn settled(self) -> Option<u64> {
+        match self {
+            StepNo::Claimed(n) => Some(n),
+            StepNo::Claiming(rx) => rx.await.ok(),
+        }
+    }
 }
 
 enum Claim {
@@ -421,6 +443,9 @@ impl Node {
         // Chosen before the claim, which notes it in the step: a call that
         // retries this step after a broken connection finds the exec to join.
         let exec_id = crate::new_id("ex");
+        if step.is_none() {
+            return self.exec_claiming(id, req, session_id, kind, request, exec_id).await;
+        }
         let (node, sandbox, hashed, ex, sid) =
             (self.clone(), id.to_string(), request.clone(), exec_id.clone(), session_id.map(str::to_string));
         let (n, claim) =
@@ -428,7 +453,7 @@ impl Node {
                 .await?;
         match claim {
             Claim::Fresh => {
-                let logged = LoggedExec { exec_id: exec_id.clone(), step: n };
+                let logged = LoggedExec { exec_id: exec_id.clone(), step: StepNo::Claimed(n) };
                 let entry = match self.exec_logged(id, req, session_id, false, Some(logged)).await {
                     Ok(entry) => entry,
                     Err(e) => {
@@ -442,6 +467,55 @@ impl Node {
                 Ok(Stepped { step: n, value: ExecAnswer::Logged(Box::new(self.logged_exec(id, *rec)?)) })
             }
             Claim::Running => Ok(Stepped { step: n, value: self.attach_exec(id, n).await? }),
+        }
+    }
+
+    /// [`Node::exec_stepped`] without a client step: the claim (of the next
+    /// free number, which no other call can take from it) commits while the
+    /// process starts, so its sync is not on the exec's path. The call
+    /// answers only once both are done: a client that saw the answer finds
+    /// the step and the exec's record after a crash, as before. A crash
+    /// between the start and the commit can leave a process that ran without
+    /// a record; it dies with the node's connection to init.
+    async fn exec_claiming(
+        &self,
+        id: &str,
+        req: ExecRequest,
+        session_id: Option<&str>,
+        kind: StepKind,
+        request: serde_json::Value,
+        exec_id: String,
+    ) -> Result<Stepped<ExecAnswer>> {
+        let (node, sandbox, ex, sid) = (self.clone(), id.to_string(), exec_id.clone(), session_id.map(str::to_string));
+        let (step_tx, step_rx) = tokio::sync::oneshot::channel();
+        // A task of its own, so the exec learns its step (and writes its
+        // final record only after the claim's `running` one) even when this
+        // call is dropped midway.
+        let claiming = tokio::spawn(async move {
+            let claimed =
+                blocking(move || node.claim_with(&sandbox, None, kind, &request, Some((ex.as_str(), sid.as_deref()))))
+                    .await;
+            if let Ok((n, _)) = &claimed {
+                let _ = step_tx.send(*n);
+            }
+            claimed
+        });
+        let logged = LoggedExec { exec_id: exec_id.clone(), step: StepNo::Claiming(step_rx) };
+        let started = self.exec_logged(id, req, session_id, false, Some(logged)).await;
+        let claimed = claiming.await.map_err(|e| NodeError::Internal(format!("trajectory task failed: {e}")))?;
+        match (started, claimed) {
+            (Ok(entry), Ok((n, _))) => Ok(Stepped { step: n, value: ExecAnswer::Live(entry) }),
+            (Ok(entry), Err(e)) => {
+                // An exec the log does not hold must not run on; its end is
+                // stored without a step.
+                entry.request_kill();
+                Err(e)
+            }
+            (Err(e), Ok((n, _))) => {
+                self.release_exec(id, n, &exec_id);
+                Err(e)
+            }
+            (Err(e), Err(_)) => Err(e),
         }
     }
 
