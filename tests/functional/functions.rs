@@ -508,10 +508,20 @@ async fn a_forked_call_past_its_deadline_or_memory_ends_typed_and_the_pool_recov
     let after = py(&server, "print('fine')", json!({})).await;
     assert!(after.forked, "{after:?}");
     assert_eq!((after.exec.status, out(&after)), (ExecStatus::Ok, "fine\n"));
-    let (status, body) = server.call(Method::GET, "/v1/functions/pools", None).await;
-    assert_eq!(status, StatusCode::OK);
-    let pools: warren_api::FunctionPoolList = serde_json::from_value(body).unwrap();
-    let pool = pools.pools.iter().find(|p| p.image == "default").expect("the default image's pool");
-    assert_eq!(pool.busy, 0, "{pool:?}");
+    // The answer comes on the exit report; the call keeps its slot until
+    // its leader has swept it away, a moment later.
+    let mut pool = None;
+    for _ in 0..200 {
+        let (status, body) = server.call(Method::GET, "/v1/functions/pools", None).await;
+        assert_eq!(status, StatusCode::OK);
+        let pools: warren_api::FunctionPoolList = serde_json::from_value(body).unwrap();
+        let p = pools.pools.into_iter().find(|p| p.image == "default").expect("the default image's pool");
+        if p.busy == 0 {
+            pool = Some(p);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(pool.is_some(), "the call's slot was never given back");
     server.finish().await;
 }

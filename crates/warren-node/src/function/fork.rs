@@ -7,10 +7,14 @@
 //! image's `python3 -c` with the bootstrap `zygote.py`, through an ordinary
 //! exec whose stdin and stdout are the control channel. The bootstrap
 //! initialises the interpreter once and never reads a call: per call it has
-//! forked a *leader* ahead of time, which reads the request, forks the
-//! child, frames the child's stdout and stderr (pipes it owns, so user code
-//! never touches the channel), kills everything the call left (it is a
-//! child subreaper), reports the exit and exits. The child enters its own
+//! forked a *leader* ahead of time, which has forked the child ahead of
+//! time too (the child does all it can before the request: the call's
+//! path holds no fork and few copy-on-write faults), passes the request
+//! on, frames the child's stdout and stderr (pipes it owns, so user code
+//! never touches the channel), reports the exit (`X`), then kills
+//! everything the call left (it is a child subreaper), removes its SysV
+//! IPC, says so (`D`) and exits. The node answers the call on `X`; the
+//! zygote serves again only after `D`. The child enters its own
 //! Landlock domain first: writes only beneath its call directory, no
 //! signal, ptrace or abstract socket outside the domain. A child that cannot
 //! do so fails the call's set-up (fail closed) and the pool turns to
@@ -45,6 +49,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_FRAME_BYTES: usize = 1 << 20;
 /// Zygotes one pool makes at the same time.
 const MAKERS: usize = 2;
+/// How long a leader may take, after its exit report, to kill what its
+/// call left and remove its IPC before its zygote is given up.
+const SWEEP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a zygote could not be made or used.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +77,8 @@ enum ForkState {
 pub(crate) struct ForkPool {
     idle: Mutex<VecDeque<Zygote>>,
     making: AtomicUsize,
+    /// Zygotes whose call was answered and whose leader is still sweeping.
+    settling: AtomicUsize,
     state: Mutex<ForkState>,
     /// Python calls admitted or waiting for admission.
     calls: AtomicUsize,
@@ -83,6 +92,7 @@ impl ForkPool {
         ForkPool {
             idle: Mutex::new(VecDeque::new()),
             making: AtomicUsize::new(0),
+            settling: AtomicUsize::new(0),
             state: Mutex::new(ForkState::Untried),
             calls: AtomicUsize::new(0),
             demand: Mutex::new(Demand::new()),
@@ -106,8 +116,17 @@ impl ForkPool {
         self.idle().len()
     }
 
+    /// Zygotes being made or settling after a call: shutdown waits for them.
     pub(crate) fn making(&self) -> usize {
-        self.making.load(Ordering::SeqCst)
+        self.making.load(Ordering::SeqCst) + self.settling.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn settling_started(&self) {
+        self.settling.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn settling_done(&self) {
+        self.settling.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Python calls in flight or waiting: the part of the pool's demand
@@ -188,6 +207,8 @@ enum Frame {
     Stdout(Bytes),
     Stderr(Bytes),
     Exit(Vec<u8>),
+    /// After `Exit`: nothing of the call is left in the sandbox.
+    Swept,
     Fatal(String),
 }
 
@@ -220,6 +241,7 @@ impl Frames {
             b'O' => Frame::Stdout(payload.into()),
             b'E' => Frame::Stderr(payload.into()),
             b'X' => Frame::Exit(payload),
+            b'D' => Frame::Swept,
             b'F' => Frame::Fatal(String::from_utf8_lossy(&payload).into_owned()),
             other => return Err(format!("a frame of unknown kind {other}")),
         }))
@@ -423,24 +445,35 @@ struct ExitReport {
     peak_memory_bytes: u64,
 }
 
+/// What the exit report of a call said, known before its leader's sweep.
+pub(crate) enum Reported {
+    /// The call ran and ended (or the zygote broke meanwhile): answer it.
+    Ended,
+    /// The child could not isolate itself; the user code never ran.
+    SetupFailed(String),
+}
+
 /// How a call on a zygote ended, for the zygote.
 pub(crate) enum Outcome {
     /// The call's processes are gone: the zygote may serve again once its
     /// call directory is removed.
     Clean,
     /// The child could not isolate itself; the user code never ran.
-    SetupFailed(String),
+    SetupFailed,
     /// The zygote is unusable (dead, garbage, unresponsive): destroy it.
     Broken(String),
 }
 
+/// A started call: its process, what its exit report said (sent before
+/// the process's `Exited`), and its zygote with the outcome once the
+/// leader has swept the call away.
+pub(crate) type Started = (ExecProcess, oneshot::Receiver<Reported>, oneshot::Receiver<(Zygote, Outcome)>);
+
 /// Starts `request` on `zygote`. The returned process behaves like an
 /// exec's (output, then one `Exited` or `Lost`; `Kill` kills the call's
-/// tree); the zygote comes back with the outcome once the call ended.
-pub(crate) async fn start(
-    zygote: Zygote,
-    request: &ForkRequest,
-) -> Result<(ExecProcess, oneshot::Receiver<(Zygote, Outcome)>), (Zygote, String)> {
+/// tree); the zygote comes back with the outcome once nothing of the call
+/// is left, which may be after the exit was reported.
+pub(crate) async fn start(zygote: Zygote, request: &ForkRequest) -> Result<Started, (Zygote, String)> {
     let payload = match serde_json::to_vec(request) {
         Ok(p) => p,
         Err(e) => return Err((zygote, e.to_string())),
@@ -450,16 +483,19 @@ pub(crate) async fn start(
     }
     let (events_tx, events_rx) = mpsc::channel(64);
     let (control_tx, control_rx) = mpsc::channel(16);
+    let (reported_tx, reported_rx) = oneshot::channel();
     let (done_tx, done_rx) = oneshot::channel();
-    tokio::spawn(relay(zygote, control_rx, events_tx, done_tx));
-    Ok((ExecProcess { events: events_rx, control: control_tx }, done_rx))
+    tokio::spawn(relay(zygote, control_rx, events_tx, reported_tx, done_tx));
+    Ok((ExecProcess { events: events_rx, control: control_tx }, reported_rx, done_rx))
 }
 
-/// Passes one call's frames on as exec events until its exit report.
+/// Passes one call's frames on as exec events until its exit report,
+/// then waits for the leader's sweep.
 async fn relay(
     mut zygote: Zygote,
     mut control: mpsc::Receiver<ExecControl>,
     events: mpsc::Sender<ExecEvent>,
+    reported: oneshot::Sender<Reported>,
     done: oneshot::Sender<(Zygote, Outcome)>,
 ) {
     let channel = zygote.control.clone();
@@ -475,11 +511,23 @@ async fn relay(
                         Err(e) => break Outcome::Broken(format!("a bad exit report: {e}")),
                     };
                     if let Some(why) = report.setup_error {
-                        break Outcome::SetupFailed(why);
+                        let _ = reported.send(Reported::SetupFailed(why));
+                        let _ = done.send((zygote, Outcome::SetupFailed));
+                        return;
                     }
                     let info = exit_info(&mut zygote, &report);
+                    let _ = reported.send(Reported::Ended);
                     let _ = events.send(ExecEvent::Exited(info)).await;
-                    break Outcome::Clean;
+                    // The caller is answered; the zygote serves again once
+                    // its leader says nothing of the call is left.
+                    let outcome = match tokio::time::timeout(SWEEP_TIMEOUT, zygote.next_frame()).await {
+                        Ok(Ok(Frame::Swept)) => Outcome::Clean,
+                        Ok(Ok(other)) => Outcome::Broken(format!("an unexpected {other:?} after the exit")),
+                        Ok(Err(gone)) => Outcome::Broken(gone.to_string()),
+                        Err(_) => Outcome::Broken(format!("no sweep within {SWEEP_TIMEOUT:?} of the exit")),
+                    };
+                    let _ = done.send((zygote, outcome));
+                    return;
                 }
                 Ok(other) => break Outcome::Broken(format!("an unexpected {other:?}")),
                 Err(Gone::Ended { oom: true }) => {
@@ -499,6 +547,7 @@ async fn relay(
             },
         }
     };
+    let _ = reported.send(Reported::Ended);
     if let Outcome::Broken(why) = &outcome {
         let _ = events.send(ExecEvent::Lost(why.clone())).await;
     }
@@ -570,6 +619,7 @@ mod tests {
     fn frames_are_reassembled_from_chunks_of_any_size() {
         let mut wire = frame(b'O', b"hello").to_vec();
         wire.extend_from_slice(&frame(b'X', b"{}"));
+        wire.extend_from_slice(&frame(b'D', b""));
         let mut frames = Frames::default();
         let mut got = Vec::new();
         for byte in wire {
@@ -578,7 +628,7 @@ mod tests {
                 got.push(f);
             }
         }
-        assert_eq!(got, [Frame::Stdout(Bytes::from_static(b"hello")), Frame::Exit(b"{}".to_vec())]);
+        assert_eq!(got, [Frame::Stdout(Bytes::from_static(b"hello")), Frame::Exit(b"{}".to_vec()), Frame::Swept]);
     }
 
     #[test]

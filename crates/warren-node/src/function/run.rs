@@ -14,7 +14,7 @@ use warren_api::{
 use warren_backend::files::{self, FileError};
 use warren_backend::{ExecProcess, ExecSpec, FsRoot};
 
-use super::fork::{self, ForkDemand, ForkRequest, Outcome};
+use super::fork::{self, ForkDemand, ForkRequest, Outcome, Reported};
 use super::{call_shape, Admission, FunctionPool, Worker};
 use crate::exec::ExecEntry;
 use crate::{base_env, new_id, Node, NodeError, Result};
@@ -394,7 +394,7 @@ impl Node {
             }
             Err(e) => return Forked::Done(Box::new(Err(e))),
         }
-        let (process, done) = match fork::start(zygote, &request).await {
+        let (process, reported, done) = match fork::start(zygote, &request).await {
             Ok(started) => started,
             Err((zygote, why)) => {
                 tracing::warn!(zygote = %zygote.handle.id, "a fork server took no call: {why}");
@@ -405,30 +405,38 @@ impl Node {
         let entry = ExecEntry::new(new_id("ex"), None, call.output_cap);
         Arc::clone(&entry).drive(process, None, false, run_started + call.timeout).await;
         let run_secs = run_started.elapsed().as_secs_f64();
-        let Ok((zygote, outcome)) = done.await else {
-            return Forked::Done(Box::new(Err(NodeError::Internal("a fork server's call vanished".into()))));
-        };
-        if let Outcome::SetupFailed(why) = &outcome {
-            fork::give_up(pool, why);
-            drop(zygote);
+        if let Ok(Reported::SetupFailed(why)) = reported.await {
+            fork::give_up(pool, &why);
+            drop(done.await);
             return Forked::Declined(admission);
         }
         let fetch_started = Instant::now();
-        let (fetch_root, paths, cwd) = (Arc::clone(&root), call.fetch.clone(), call.cwd.clone());
-        let settle_pool = Arc::clone(pool);
-        let files = blocking(move || {
-            let files = fetch(&fetch_root, &cwd, &paths);
-            match outcome {
-                Outcome::Clean => fork::settle(&settle_pool, zygote, &fetch_root, &cwd),
-                Outcome::Broken(why) => {
+        let files = if call.fetch.is_empty() {
+            Ok(BTreeMap::new())
+        } else {
+            let (fetch_root, paths, cwd) = (Arc::clone(&root), call.fetch.clone(), call.cwd.clone());
+            blocking(move || fetch(&fetch_root, &cwd, &paths)).await
+        };
+        // The answer does not wait for the leader's sweep; the zygote (and
+        // the call's admission slot) come back once it is done and the call
+        // directory is gone.
+        let (settle_pool, cwd, functions) = (Arc::clone(pool), call.cwd.clone(), Arc::clone(functions));
+        settle_pool.fork.settling_started();
+        tokio::spawn(async move {
+            match done.await {
+                Ok((zygote, Outcome::Clean)) => {
+                    let pool = Arc::clone(&settle_pool);
+                    let _ = blocking(move || fork::settle(&pool, zygote, &root, &cwd)).await;
+                }
+                Ok((zygote, Outcome::Broken(why))) => {
                     tracing::warn!(zygote = %zygote.handle.id, "a fork server is replaced: {why}");
                 }
-                Outcome::SetupFailed(_) => {}
+                Ok((_, Outcome::SetupFailed)) | Err(_) => {}
             }
-            files
-        })
-        .await;
-        drop(admission);
+            drop(admission);
+            settle_pool.fork.settling_done();
+            functions.destroyed.notify_waiters();
+        });
         let files = match files {
             Ok(files) => files,
             Err(e) => return Forked::Done(Box::new(Err(e))),

@@ -7,12 +7,17 @@
 #             never reads a request or any output.
 #   leader  - one per call, forked ahead of time: reads ONE request from the
 #             control channel (fd 0), forks the user child, frames its
-#             output onto fd 1, kills whatever the call left, reports the
-#             exit and exits itself.
-#   child   - enters its own Landlock domain and runs the user code as
-#             `python3 -c` would.
+#             output onto fd 1, reports the exit (X), kills whatever the call
+#             left and removes its SysV IPC, says so (D) and exits itself.
+#   child   - forked by the leader before the request comes, does every
+#             step that does not depend on the request then (so its
+#             copy-on-write faults are not on the call's path), and on the
+#             request enters its own Landlock domain and runs the user code
+#             as `python3 -c` would.
 # Frames, both ways: 1 byte kind, 4 bytes big-endian length, payload.
-import os, sys, json, struct, select, signal, ctypes, atexit, types, builtins, gc
+# `resource` is imported here because os.wait4 imports it on first use: in
+# a leader that would be a module import on every call's path.
+import os, sys, json, struct, select, signal, ctypes, atexit, types, builtins, gc, resource
 
 HEAD = struct.Struct(">cI")
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
@@ -71,25 +76,44 @@ def landlock_abi():
     return syscall(SYS_CREATE, None, ctypes.c_long(0), ctypes.c_long(1))
 
 
-def enter_own_domain(call_dir):
-    """Writes only beneath call_dir (and to a few devices); no signal,
-    ptrace or abstract socket reaches outside the new domain."""
+def add_rule(ruleset, path, rights):
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        rule = ctypes.create_string_buffer(struct.pack("<Qi", rights, fd))
+        syscall(SYS_ADD_RULE, ctypes.c_long(ruleset), ctypes.c_long(RULE_PATH_BENEATH), rule, ctypes.c_long(0))
+    finally:
+        os.close(fd)
+
+
+def new_ruleset():
+    """A ruleset that allows writes only to a few devices; the call
+    directory's rule is added once the request names it."""
     attr = ctypes.create_string_buffer(struct.pack("<QQQ", WRITE_CLASS, 0, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL))
     ruleset = syscall(SYS_CREATE, attr, ctypes.c_long(24), ctypes.c_long(0))
     try:
-        for path, rights in [(call_dir, WRITE_CLASS)] + [(d, WRITE_FILE | TRUNCATE | IOCTL_DEV) for d in DEVICES]:
-            try:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            except FileNotFoundError:
-                continue
-            try:
-                rule = ctypes.create_string_buffer(struct.pack("<Qi", rights, fd))
-                syscall(SYS_ADD_RULE, ctypes.c_long(ruleset), ctypes.c_long(RULE_PATH_BENEATH), rule, ctypes.c_long(0))
-            finally:
-                os.close(fd)
+        for d in DEVICES:
+            add_rule(ruleset, d, WRITE_FILE | TRUNCATE | IOCTL_DEV)
+    except BaseException:
+        os.close(ruleset)
+        raise
+    return ruleset
+
+
+def restrict(ruleset, call_dir):
+    """Writes only beneath call_dir (and to the devices); no signal,
+    ptrace or abstract socket reaches outside the new domain."""
+    try:
+        add_rule(ruleset, call_dir, WRITE_CLASS)
         syscall(SYS_RESTRICT, ctypes.c_long(ruleset), ctypes.c_long(0))
     finally:
         os.close(ruleset)
+
+
+def enter_own_domain(call_dir):
+    restrict(new_ruleset(), call_dir)
 
 
 def exit_code_of(e):
@@ -114,18 +138,26 @@ def read_all(fd):
         data += chunk
 
 
+# What a request looks like, for the warm-up before one comes.
+WARM_REQUEST = json.dumps({"code": "print(6*7)", "args": [], "env": {"PATH": "/usr/bin:/bin", "HOME": "/work"},
+                           "cwd": "/work", "stdin_hex": ""})
+
+
+def warm_up():
+    """Runs what every call runs - the JSON decoder, the compiler, the
+    evaluation loop - on a throwaway request and code before a request
+    comes: most of the pages a call writes are copied from the zygote's
+    then, off the call's path. Nothing of it is reachable afterwards."""
+    json.loads(WARM_REQUEST)
+    exec(compile("_ = [str(6 * 7)]\n", "<warm-up>", "exec"), {"__builtins__": builtins})
+
+
 def run_child(req_r, fds, status_w):
-    """In the forked child: wait for the request, isolate, then run the
-    code as `python3 -c`."""
+    """In the forked child: prepare what does not depend on the request,
+    wait for it, isolate, then run the code as `python3 -c`."""
     in_r, out_w, err_w = fds
-    payload = read_all(req_r)
-    os.close(req_r)
-    if not payload:
-        os._exit(0)
-    req = json.loads(payload)
+    ruleset, early = None, None
     try:
-        cwd = req["cwd"]
-        os.chdir(cwd)
         # The OOM killer should take the call, never its leader or the zygote.
         try:
             with open("/proc/self/oom_score_adj", "w") as f:
@@ -134,11 +166,29 @@ def run_child(req_r, fds, status_w):
             pass
         # The zygote and leaders are not dumpable (so a call cannot read
         # their /proc/<pid>/environ or mem); the call is, like `python3 -c`.
+        # Nothing else of the call's runs yet (the last call's processes are
+        # gone before this child is forked).
         prctl(PR_SET_DUMPABLE, 1)
-        enter_own_domain(cwd)
+        # fd 0 is closed until this dup2: the ruleset must not take it.
         os.dup2(in_r, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
+        ruleset = new_ruleset()
+        os.environ.clear()
+        warm_up()
+    except BaseException as e:
+        early = e
+    payload = read_all(req_r)
+    os.close(req_r)
+    if not payload:
+        os._exit(0)
+    try:
+        if early is not None:
+            raise early
+        req = json.loads(payload)
+        cwd = req["cwd"]
+        os.chdir(cwd)
+        restrict(ruleset, cwd)
         os.write(status_w, b"ok")
         os.closerange(3, 1 << 20)
     except BaseException as e:
@@ -146,7 +196,6 @@ def run_child(req_r, fds, status_w):
             os.write(status_w, ("cannot isolate the call: %r" % (e,)).encode())
         finally:
             os._exit(SETUP_FAILED)
-    os.environ.clear()
     os.environ.update(req["env"])
     sys.argv = ["-c"] + req["args"]
     main = types.ModuleType("__main__")
@@ -202,8 +251,21 @@ def descendants():
     return out
 
 
+def no_children():
+    """Whether this subreaper has no child left, so no descendant either
+    (an orphan is re-parented to it before its parent can be reaped)."""
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
 def kill_everything():
     """SIGKILLs every process of the call and reaps it, until none is left."""
+    # A call that left nothing running costs no walk of /proc.
+    if no_children():
+        return
     while True:
         alive = descendants()
         for pid in alive:
@@ -255,11 +317,18 @@ def run_call():
     status_r, status_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        for fd in (0, req_w, in_w, out_r, err_r, status_r):
-            os.close(fd)
-        run_child(req_r, (in_r, out_w, err_w), status_w)
+        # Whatever happens in the child, it never returns into the leader's code.
+        try:
+            for fd in (0, req_w, in_w, out_r, err_r, status_r):
+                os.close(fd)
+            run_child(req_r, (in_r, out_w, err_w), status_w)
+        finally:
+            os._exit(SETUP_FAILED)
     for fd in (req_r, in_r, out_w, err_w, status_w):
         os.close(fd)
+    # The leader's own share of a call's page copies, taken before it comes.
+    json.loads(WARM_REQUEST)
+    json.dumps({"killed": False, "exit_code": 0, "signal": None, "cpu_ns": 0, "peak_memory_bytes": 0})
     while True:
         try:
             kind, payload = read_frame()
@@ -323,16 +392,20 @@ def run_call():
                     exit_status, rusage = -1, None
     # Output the call's other processes write until they die is kept too.
     for fd in list(streams):
-        pump(fd, streams)
-    kill_everything()
-    for fd in list(streams):
-        os.set_blocking(fd, True)
-        while fd in streams:
-            pump(fd, streams)
+        while pump(fd, streams):
+            pass
+    # When nothing else of the call is left (no output pipe held open, no
+    # process) the exit is reported now and the IPC sweep follows it;
+    # otherwise the rest is killed and its output drained first.
+    if streams or not no_children():
+        kill_everything()
+        for fd in list(streams):
+            os.set_blocking(fd, True)
+            while fd in streams:
+                pump(fd, streams)
     if in_w is not None:
         os.close(in_w)
     os.close(pidfd)
-    remove_ipc()
     report = {"killed": killed, "exit_code": None, "signal": None, "cpu_ns": 0, "peak_memory_bytes": 0}
     if exit_status is not None and exit_status >= 0:
         if os.WIFEXITED(exit_status):
@@ -345,18 +418,27 @@ def run_call():
         report["cpu_ns"] = int((rusage.ru_utime + rusage.ru_stime) * 1e9)
         report["peak_memory_bytes"] = rusage.ru_maxrss * 1024
     send(b"X", json.dumps(report).encode())
+    # The node answers the call on X but gives this zygote no new call
+    # (nor removes the call directory) before D: nothing of this call may
+    # be left then.
+    kill_everything()
+    remove_ipc()
+    send(b"D", b"")
 
 
 def pump(fd, streams):
+    """Moves what one output pipe holds to the channel; False when there
+    was nothing to read (or the pipe ended)."""
     try:
         data = os.read(fd, 65536)
     except BlockingIOError:
-        return
+        return False
     if data:
         send(streams[fd], data)
-    else:
-        del streams[fd]
-        os.close(fd)
+        return True
+    del streams[fd]
+    os.close(fd)
+    return False
 
 
 def lead():
