@@ -223,6 +223,14 @@ def layer_fetched(node: Node) -> tuple[int, dict]:
     return sum(l["bytes_fetched"] for l in layers), prefill
 
 
+def layer_prefetch(node: Node) -> dict:
+    """What the node fetched ahead of sequential readers, and how many of
+    those pieces a read later asked for."""
+    layers = node.call("GET", "/v1/images/stats")["layers"]
+    return {key: sum(l.get(key, 0) for l in layers)
+            for key in ("prefetched_bytes", "prefetched_units", "prefetched_units_used")}
+
+
 def eager_fetch_secs(s3: S3Server) -> tuple[float, int]:
     """Every chunk object downloaded over the link, 8 at a time."""
     import boto3  # the host's; only the baseline needs it
@@ -311,6 +319,7 @@ def main() -> int:
                 drop_page_cache()
                 cold = start_run(node, "lb", workload)
                 fetched, prefill = layer_fetched(node)
+                prefetch = layer_prefetch(node)
                 store = node.call("GET", "/v1/images/stats").get("store", {})
                 if args.fetched_only:
                     warm = hot = cold
@@ -327,7 +336,7 @@ def main() -> int:
                 plain_warm = start_run(importer, "lb-dir", workload)
                 plain_hot = start_run(importer, "lb-dir", workload)
             rows.append({"workload": label, "cold": cold, "warm": warm, "hot": hot, "fetched": fetched,
-                         "prefill": prefill, "store": store,
+                         "prefill": prefill, "store": store, "prefetch": prefetch,
                          "plain_warm": plain_warm, "plain_hot": plain_hot})
             print(f"{label}: cold {cold['secs']:.2f}s warm {warm['secs']:.2f}s hot {hot['secs']:.2f}s "
                   f"fetched {fetched / image_bytes:.1%}", flush=True)
@@ -396,8 +405,8 @@ def render(args, rows, notes) -> str:
         "",
         "Times are create + exec as the API client sees them, one run each.",
         "",
-        "| workload | fetched (of image) | metadata prefill | sandbox fetched / accessed / hits | store GETs (chunks / ranged) | cold | warm-node | hot | eager (fetch + warm) | cold / eager | plain dirs warm | warm / plain | plain dirs hot |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | fetched (of image) | metadata prefill | sandbox fetched / accessed / hits | store GETs (chunks / ranged) | prefetched (pieces used / fetched ahead) | cold | warm-node | hot | eager (fetch + warm) | cold / eager | plain dirs warm | warm / plain | plain dirs hot |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         eager_total = eager + r["warm"]["secs"]
@@ -407,6 +416,8 @@ def render(args, rows, notes) -> str:
             f"| {prefill_text(r['prefill'])} "
             f"| {sb['bytes_fetched'] / 1e6:.0f} MB / {sb['bytes_accessed'] / 1e6:.0f} MB / {sb['cache_hits']} "
             f"| {r['store'].get('chunks_fetched', '?')} / {r['store'].get('range_requests', '-')} "
+            f"| {r['prefetch']['prefetched_bytes'] / 1e6:.1f} MB ({r['prefetch']['prefetched_units_used']}"
+            f" / {r['prefetch']['prefetched_units']}) "
             f"| {r['cold']['secs']:.2f} s | {r['warm']['secs']:.2f} s | {r['hot']['secs']:.2f} s "
             f"| {eager_total:.2f} s | {r['cold']['secs'] / eager_total:.2f} "
             + (f"| {r['plain_warm']['secs']:.2f} s | {r['warm']['secs'] / r['plain_warm']['secs']:.2f} "

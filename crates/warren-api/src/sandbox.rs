@@ -544,6 +544,14 @@ pub struct LayerCacheStats {
     pub metadata_bytes_fetched: u64,
     /// Fill events answered with EIO (a chunk could not be fetched or verified).
     pub failed_fills: u64,
+    /// Bytes fetched ahead of sequential readers (part of `bytes_fetched`).
+    #[serde(default)]
+    pub prefetched_bytes: u64,
+    /// Prefetched pieces, and how many of them a later read asked for.
+    #[serde(default)]
+    pub prefetched_units: u64,
+    #[serde(default)]
+    pub prefetched_units_used: u64,
     /// Sandboxes (and pool members) using the layer now.
     pub leases: u64,
     pub mounted: bool,

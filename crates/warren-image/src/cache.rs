@@ -12,7 +12,10 @@
 //! neighbouring pieces of one chunk) when the manifest has piece digests,
 //! else whole chunks - checks each against the manifest's digest and
 //! writes it through the event's descriptor; one that cannot be fetched
-//! or does not match fails the read with `EIO`.
+//! or does not match fails the read with `EIO`. A reader moving forward
+//! through a layer gets the pieces just past its reads fetched in the
+//! background, checked the same way (`prefetch`); an event whose range is
+//! local already is answered from the event thread.
 //!
 //! Invariants: a reader never gets bytes that are not the layer's. An
 //! unfilled range errors or waits, never reads as zeros, also while no
@@ -31,6 +34,7 @@ mod fanotify;
 mod file;
 mod holder;
 mod mount;
+mod prefetch;
 mod readers;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -55,6 +59,7 @@ use fanotify::Group;
 use file::{owned_file_hex, LayerFile};
 pub use holder::{holder_main, HolderCommand, HOLDER_ARG, HOLDER_CONTROL_FD, HOLDER_GROUP_FD};
 use holder::{Adopted, Holder};
+pub use prefetch::{PrefetchConfig, DEFAULT_PREFETCH_KB, DEFAULT_PREFETCH_REQUESTS, DEFAULT_WHOLE_FILE_KB};
 pub use readers::ReaderStats;
 use readers::Readers;
 
@@ -83,6 +88,9 @@ pub struct CacheConfig {
     /// `None` keeps the kernel's default. A complete layer is mounted with
     /// it too: it is set once per mount.
     pub readahead_kb: Option<u32>,
+    /// How far ahead of sequential readers the daemon fetches, and with how
+    /// many requests in flight per layer (see `prefetch`).
+    pub prefetch: PrefetchConfig,
 }
 
 impl CacheConfig {
@@ -95,6 +103,7 @@ impl CacheConfig {
             holder,
             fill_threads: DEFAULT_FILL_THREADS,
             readahead_kb: Some(DEFAULT_READAHEAD_KB),
+            prefetch: PrefetchConfig::default(),
         })
     }
 }
@@ -124,6 +133,22 @@ pub struct LayerStats {
     pub fill_events: u64,
     /// Events answered with `EIO`.
     pub failed_fills: u64,
+    /// Fetch units fetched ahead of a sequential reader (counted in
+    /// `chunks_fetched` and `bytes_fetched` too), and their bytes.
+    pub prefetched_units: u64,
+    pub prefetched_bytes: u64,
+    /// Prefetched units a later read asked for: what prefetching saved.
+    pub prefetched_units_used: u64,
+    /// Prefetched units refused (fetch failed or digest mismatch); they
+    /// stay missing.
+    pub failed_prefetches: u64,
+    /// Ranged GETs prefetching issued.
+    pub prefetch_requests: u64,
+    /// Misses that also fetched the rest of the small file they fell in
+    /// (see `PrefetchConfig::whole_file_bytes`), and the units they
+    /// fetched beyond the reads' own (counted in `chunks_fetched` too).
+    pub whole_file_fills: u64,
+    pub whole_file_units: u64,
     pub leases: usize,
     pub mounted: bool,
 }
@@ -418,6 +443,7 @@ impl Inner {
             holder: Mutex::new(holder),
             high_water,
             readers: Readers::default(),
+            prefetch: config.prefetch,
         };
         let inner = Self {
             dir,
@@ -728,6 +754,14 @@ impl Inner {
         let in_use = self.unmount_all();
         if let Some(daemon) = daemon {
             daemon.stop_and_join();
+        }
+        // The daemon could start prefetches until it stopped; wait until
+        // those of the layers just closed let go of them.
+        for entry in self.table().entries.values().filter(|e| !e.mounted) {
+            if let Some(file) = &entry.file {
+                file.prefetch_state().close();
+                file.prefetch_state().wait_drained();
+            }
         }
         if !in_use.is_empty() {
             return Err(CacheError::InUse(in_use));

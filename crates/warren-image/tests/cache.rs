@@ -13,6 +13,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -21,7 +22,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use warren_image::blob::{BlobError, ChunkSource};
-use warren_image::cache::{holder_main, CacheConfig, CacheError, HolderCommand, LayerCache, DEFAULT_READAHEAD_KB};
+use warren_image::cache::{
+    holder_main, CacheConfig, CacheError, HolderCommand, LayerCache, PrefetchConfig, DEFAULT_READAHEAD_KB,
+};
 use warren_image::layer::{LayerManifest, LayerRole, MetadataBlobRef};
 use warren_image::metablob;
 
@@ -255,6 +258,29 @@ struct TestSource {
     /// Pieces served with one byte flipped (not verified here: the cache
     /// must catch them).
     corrupt_pieces: Mutex<HashSet<usize>>,
+    /// When set, piece runs that reach outside these pieces (what the
+    /// test's reads ask for) are held until `released`: prefetches.
+    demand_only: Mutex<Option<HashSet<usize>>>,
+    released: AtomicBool,
+    held_now: AtomicUsize,
+    held_max: AtomicUsize,
+}
+
+/// One held piece run, counted while it waits.
+struct Held<'a>(&'a TestSource);
+
+impl<'a> Held<'a> {
+    fn enter(source: &'a TestSource) -> Self {
+        let now = source.held_now.fetch_add(1, Ordering::SeqCst) + 1;
+        source.held_max.fetch_max(now, Ordering::SeqCst);
+        Self(source)
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.held_now.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl TestSource {
@@ -304,6 +330,14 @@ impl ChunkSource for TestSource {
 
     async fn fetch_pieces(&self, layer: &LayerManifest, first: usize, count: usize) -> Result<Vec<Bytes>, BlobError> {
         self.piece_runs.lock().unwrap().push((layer.digest.clone(), first, count));
+        let outside =
+            self.demand_only.lock().unwrap().as_ref().is_some_and(|d| (first..first + count).any(|i| !d.contains(&i)));
+        if outside {
+            let _held = Held::enter(self);
+            while !self.released.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
         let images = self.images.lock().unwrap();
         let image = images.get(&layer.digest).ok_or_else(|| BlobError::NotFound(layer.digest.clone()))?;
         let corrupt = self.corrupt_pieces.lock().unwrap();
@@ -372,6 +406,9 @@ impl Fixture {
             holder: holder_command(),
             fill_threads: 4,
             readahead_kb: Some(DEFAULT_READAHEAD_KB),
+            // Whole-file fetching would bring most test files in one go;
+            // its own tests turn it on.
+            prefetch: PrefetchConfig { whole_file_bytes: 0, ..PrefetchConfig::default() },
         }
     }
 
@@ -718,6 +755,7 @@ fn crash_child_entry_point() {
             holder: holder_command(),
             fill_threads: 2,
             readahead_kb: None,
+            prefetch: PrefetchConfig::default(),
         };
         let cache = LayerCache::open_with(config, Arc::new(source)).await.unwrap();
         let lease = cache.acquire(&plan.manifest).await.unwrap();
@@ -1165,7 +1203,9 @@ async fn with_pieces_a_read_fetches_only_the_pieces_under_its_file_in_ranged_run
     let fx = Fixture::new();
     let layer = with_pieces(build_layer("pieces", layer_files(21, 24)));
     let source = TestSource::with(&[&layer]);
-    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+    // The demand path alone (prefetching reaches past a file's end).
+    let config = CacheConfig { prefetch: PrefetchConfig::off(), ..fx.config(1 << 30) };
+    let cache = LayerCache::open_with(config, source.clone()).await.unwrap();
     let lease = cache.acquire(&layer.manifest).await.unwrap();
     assert!(source.fetched(&layer).is_empty() && source.pieces_fetched(&layer).is_empty(), "only the blob came");
 
@@ -1281,4 +1321,381 @@ fn mount_readahead_kb(path: &Path) -> u32 {
     let sysfs = std::str::from_utf8(&buf[1..1 + buf[0] as usize]).unwrap();
     let bdi = sysfs.rsplit('/').next().unwrap();
     fs::read_to_string(format!("/sys/class/bdi/{bdi}/read_ahead_kb")).unwrap().trim().parse().unwrap()
+}
+
+// ---------------------------------------------------------------- prefetch
+
+/// Reads `len` bytes from the start of `path` in 16 KiB reads with
+/// readahead off (`POSIX_FADV_RANDOM`), so each read is one fill event for
+/// exactly its pages.
+fn read_in_steps(path: &Path, len: usize) -> std::io::Result<Vec<u8>> {
+    let file = fs::File::open(path)?;
+    // SAFETY: posix_fadvise reads no memory of ours; `file` is open.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    assert_eq!(rc, 0, "posix_fadvise");
+    let mut out = vec![0u8; len];
+    for (i, step) in out.chunks_mut(16 * 1024).enumerate() {
+        std::os::unix::fs::FileExt::read_exact_at(&file, step, (i * 16 * 1024) as u64)?;
+    }
+    Ok(out)
+}
+
+impl Built {
+    /// The pieces under the first `len` bytes of `file` (one extent).
+    fn pieces_under_head(&self, file: &str, len: u64) -> BTreeSet<usize> {
+        let (offset, extent) = self.extents[file][0];
+        assert!(extent >= len, "{file}: first extent {extent} < {len}");
+        ((offset / PIECE) as usize..=((offset + len - 1) / PIECE) as usize).collect()
+    }
+}
+
+/// Polls `done` until it holds; `PATIENCE` only bounds a failing test.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < PATIENCE, "gave up waiting: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn bitmap_of(fx: &Fixture, layer: &Built) -> Vec<u8> {
+    fs::read(fx.cache_dir().join(format!("{}.present", &layer.manifest.digest[7..]))).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequential_read_prefetches_the_next_pieces_which_later_reads_use() {
+    let fx = Fixture::new();
+    let layer = with_pieces(build_layer("seq", layer_files(31, 8)));
+    let source = TestSource::with(&[&layer]);
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+
+    let name = "data/file002";
+    let path = lease.mount_path().join(name);
+    let head = 64 * 1024;
+    assert_eq!(read_in_steps(&path, head).unwrap(), layer.files[name][..head]);
+    eventually("the prefetches settle", || {
+        let s = &cache.stats()[0];
+        s.prefetched_units + s.failed_prefetches > 0 && s.chunks_fetched == source.pieces_fetched(&layer).len() as u64
+    })
+    .await;
+    let stats = cache.stats()[0].clone();
+    let under_read = layer.pieces_under_head(name, head as u64);
+    let fetched: BTreeSet<usize> = source.pieces_fetched(&layer).into_iter().collect();
+    let ahead: BTreeSet<usize> = fetched.difference(&under_read).copied().collect();
+    assert!(!ahead.is_empty(), "nothing was fetched past the reads: {fetched:?}, read {under_read:?}");
+    assert!(stats.prefetched_units >= ahead.len() as u64 && stats.failed_prefetches == 0, "{stats:?}");
+    assert!(
+        stats.prefetch_requests > 0 && stats.prefetch_requests < stats.prefetched_units,
+        "runs coalesce: {stats:?}"
+    );
+    // Past the read, within reach of the window, and under the same file.
+    let file_pieces = layer.pieces_of(name);
+    let window = (PrefetchConfig::default().max_ahead_bytes / PIECE) as usize;
+    let last_read = *under_read.last().unwrap();
+    for &p in &ahead {
+        assert!(p > last_read && p <= last_read + window, "piece {p} is not just past the read (up to {last_read})");
+        assert!(file_pieces.contains(&p), "piece {p} is outside {name}");
+    }
+    // Prefetched pieces are verified and marked present like demand ones.
+    let bitmap = bitmap_of(&fx, &layer);
+    assert!(ahead.iter().all(|&p| bitmap[p] == 1), "prefetched pieces are present");
+
+    // Reading on finds them local: no piece is fetched twice, and they
+    // count as used.
+    let runs_before = source.piece_runs.lock().unwrap().len();
+    assert_eq!(read(&path).unwrap(), layer.files[name]);
+    let all = source.pieces_fetched(&layer);
+    let unique: BTreeSet<usize> = all.iter().copied().collect();
+    assert_eq!(unique.len(), all.len(), "a piece was fetched twice: {all:?}");
+    let stats = cache.stats()[0].clone();
+    assert!(stats.prefetched_units_used >= ahead.len() as u64, "{stats:?}");
+    assert!(source.piece_runs.lock().unwrap().len() >= runs_before);
+
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_prefetched_piece_is_refused_and_its_read_fails_until_the_source_is_fixed() {
+    let fx = Fixture::new();
+    let layer = with_pieces(build_layer("badahead", layer_files(32, 6)));
+    let source = TestSource::with(&[&layer]);
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+
+    let name = "data/file003";
+    let path = lease.mount_path().join(name);
+    let head = 32 * 1024;
+    let under_read = layer.pieces_under_head(name, head as u64);
+    let bad: HashSet<usize> = layer.pieces_of(name).into_iter().filter(|p| !under_read.contains(p)).collect();
+    *source.corrupt_pieces.lock().unwrap() = bad.clone();
+    assert_eq!(read_in_steps(&path, head).unwrap(), layer.files[name][..head], "the pieces read are fine");
+    eventually("a prefetch of a corrupt piece fails", || cache.stats()[0].failed_prefetches > 0).await;
+    eventually("the prefetches settle", || {
+        source.pieces_fetched(&layer).len() as u64 == cache.stats()[0].chunks_fetched
+    })
+    .await;
+
+    let bitmap = bitmap_of(&fx, &layer);
+    for &p in &bad {
+        assert_eq!(bitmap[p], 0, "corrupt piece {p} is marked present");
+        let (offset, len) = layer.manifest.fetch_unit_extent(p).unwrap();
+        assert!(is_hole(lease.file_path(), offset, len), "corrupt piece {p}'s bytes reached the layer file");
+    }
+    assert_eq!(cache.stats()[0].prefetched_units_used, 0);
+    // A read of it fetches it again on demand and gets EIO, as any other.
+    assert_eq!(read_errno(&path), Some(libc::EIO));
+    source.corrupt_pieces.lock().unwrap().clear();
+    assert_eq!(read(&path).unwrap(), layer.files[name]);
+
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefetch_requests_in_flight_never_exceed_their_bound() {
+    let fx = Fixture::new();
+    let layer = with_pieces(build_layer("bound", layer_files(33, 8)));
+    let source = TestSource::with(&[&layer]);
+    let head = 96 * 1024;
+    let names: Vec<String> = (0..4).map(|i| format!("data/file{:03}", 2 * i)).collect();
+    let demand: HashSet<usize> = names.iter().flat_map(|n| layer.pieces_under_head(n, head as u64)).collect();
+    *source.demand_only.lock().unwrap() = Some(demand);
+    let bound = 2;
+    let prefetch = PrefetchConfig { max_requests: bound, ..fx.config(0).prefetch };
+    let config = CacheConfig { prefetch, ..fx.config(1 << 30) };
+    let cache = LayerCache::open_with(config, source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+
+    let readers: Vec<_> = names
+        .iter()
+        .map(|name| {
+            let path = lease.mount_path().join(name);
+            std::thread::spawn(move || read_in_steps(&path, head))
+        })
+        .collect();
+    eventually("prefetches reach the bound", || source.held_now.load(Ordering::SeqCst) == bound).await;
+    source.released.store(true, Ordering::SeqCst);
+    for (reader, name) in readers.into_iter().zip(&names) {
+        assert_eq!(reader.join().unwrap().unwrap(), layer.files[name][..head]);
+    }
+    assert_eq!(source.held_max.load(Ordering::SeqCst), bound, "more prefetches than the bound were in flight");
+    assert!(cache.stats()[0].prefetch_requests >= bound as u64);
+
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+/// Descriptors of this process open on `file` (also once it is deleted).
+fn fds_on(file: &Path) -> usize {
+    let name = file.file_name().unwrap().to_str().unwrap().to_owned();
+    fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().contains(&name))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_layer_cancels_its_prefetches_and_leaves_nothing_behind() {
+    let fx = Fixture::new();
+    let evicted = with_pieces(build_layer("gone", layer_files(34, 4)));
+    let closed = with_pieces(build_layer("shut", layer_files(35, 4)));
+    let source = TestSource::with(&[&evicted, &closed]);
+    let head = 48 * 1024;
+    let name = "data/file001";
+    let demand: HashSet<usize> = evicted
+        .pieces_under_head(name, head as u64)
+        .into_iter()
+        .chain(closed.pieces_under_head(name, head as u64))
+        .collect();
+    // Prefetches hang for good: only closing the layers ends them.
+    *source.demand_only.lock().unwrap() = Some(demand);
+    let cache = LayerCache::open_with(fx.config(1 << 30), source.clone()).await.unwrap();
+
+    // Eviction of an unleased layer while its prefetch hangs.
+    let lease = cache.acquire(&evicted.manifest).await.unwrap();
+    let (file, mount) = (lease.file_path().to_owned(), lease.mount_path().to_owned());
+    let path = lease.mount_path().join(name);
+    let got = tokio::task::spawn_blocking(move || read_in_steps(&path, head)).await.unwrap().unwrap();
+    assert_eq!(got, evicted.files[name][..head]);
+    eventually("a prefetch hangs", || source.held_now.load(Ordering::SeqCst) == 1).await;
+    drop(lease);
+    assert_eq!(cache.evict_unreferenced(&HashSet::new()).0, 1);
+    assert!(!file.exists() && erofs_mounts_at(&mount) == 0);
+    eventually("the aborted prefetch lets go", || source.held_now.load(Ordering::SeqCst) == 0).await;
+    eventually("no descriptor keeps the deleted layer", || fds_on(&file) == 0).await;
+
+    // Shutdown while a prefetch hangs: it returns, and nothing stays open.
+    let lease = cache.acquire(&closed.manifest).await.unwrap();
+    let (file, mount) = (lease.file_path().to_owned(), lease.mount_path().to_owned());
+    let path = lease.mount_path().join(name);
+    let got = tokio::task::spawn_blocking(move || read_in_steps(&path, head)).await.unwrap().unwrap();
+    assert_eq!(got, closed.files[name][..head]);
+    eventually("a prefetch hangs", || source.held_now.load(Ordering::SeqCst) == 1).await;
+    let hanging: Vec<usize> = source
+        .pieces_fetched(&closed)
+        .into_iter()
+        .filter(|p| !closed.pieces_under_head(name, head as u64).contains(p))
+        .collect();
+    assert!(!hanging.is_empty());
+    drop(lease);
+    tokio::time::timeout(PATIENCE, cache.shutdown()).await.expect("shutdown waits on a hung prefetch").unwrap();
+    assert_eq!(source.held_now.load(Ordering::SeqCst), 0, "shutdown returned before its prefetches ended");
+    assert_eq!(erofs_mounts_at(&mount), 0);
+    assert_eq!(fds_on(&file), 0, "a descriptor on the layer file outlived the cache");
+    let bitmap = bitmap_of(&fx, &closed);
+    for p in hanging {
+        assert_eq!(bitmap[p], 0, "cancelled piece {p} is marked present");
+    }
+}
+
+// ------------------------------------------------------- whole small files
+
+const WHOLE_FILE_BOUND: u64 = 256 * 1024;
+
+/// Small source-like files (several pieces each, so a 16 KiB window
+/// alone would take several events), one file above the bound, and the
+/// usual tiny inline ones.
+fn small_and_large_files(seed: u64) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    for (i, len) in [45_000usize, 70_000, 100_000, 130_000].into_iter().enumerate() {
+        files.insert(format!("lib/mod{i}.py"), noise(seed * 100 + i as u64, len));
+    }
+    files.insert("lib/big.so".into(), noise(seed * 100 + 50, 600_000));
+    files.insert("etc/hostname".into(), format!("layer-{seed}\n").into_bytes());
+    files
+}
+
+/// A cache that fetches small files whole and does no stream prefetch, so
+/// every request the source sees is a demand one.
+async fn whole_file_cache(fx: &Fixture, source: Arc<TestSource>) -> LayerCache {
+    let prefetch = PrefetchConfig { whole_file_bytes: WHOLE_FILE_BOUND, ..PrefetchConfig::off() };
+    let config = CacheConfig { prefetch, ..fx.config(1 << 30) };
+    LayerCache::open_with(config, source).await.unwrap()
+}
+
+fn read_head(path: &Path, len: usize) -> Vec<u8> {
+    let file = fs::File::open(path).unwrap();
+    let mut head = vec![0u8; len];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut head, 0).unwrap();
+    head
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_the_first_page_of_a_small_file_fetches_the_whole_file_in_one_request_per_chunk() {
+    let fx = Fixture::new();
+    let layer = with_pieces(build_layer("whole", small_and_large_files(41)));
+    let source = TestSource::with(&[&layer]);
+    let cache = whole_file_cache(&fx, source.clone()).await;
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+
+    // Not neighbours on disk: a piece shared with a file read before
+    // would make the first page local already.
+    for name in ["lib/mod0.py", "lib/mod2.py"] {
+        source.piece_runs.lock().unwrap().clear();
+        let path = lease.mount_path().join(name);
+        assert_eq!(read_head(&path, 4096), layer.files[name][..4096], "{name}");
+        // The file's data lies in one extent; its last partial block may be
+        // an inline tail (metadata, already local).
+        let (offset, len) = layer.extents[name][0];
+        assert_eq!(layer.extents[name].len(), 1, "{name}: one extent");
+        let data_pieces: BTreeSet<usize> =
+            ((offset / PIECE) as usize..=((offset + len - 1) / PIECE) as usize).collect();
+        let runs: Vec<(usize, usize)> = source.piece_runs.lock().unwrap().iter().map(|&(_, f, n)| (f, n)).collect();
+        let chunks: BTreeSet<u64> = data_pieces.iter().map(|&p| p as u64 * PIECE / CHUNK).collect();
+        assert!(!runs.is_empty() && runs.len() <= chunks.len(), "{name}: one request per chunk spanned: {runs:?}");
+        let bitmap = bitmap_of(&fx, &layer);
+        for p in &data_pieces {
+            assert_eq!(bitmap[*p], 1, "{name}: piece {p} of the file is not present after its first read");
+        }
+        let fetched: BTreeSet<usize> = source.pieces_fetched(&layer).into_iter().collect();
+        assert!(fetched.is_subset(&data_pieces), "{name}: fetched {fetched:?}, the file lies in {data_pieces:?}");
+
+        // Every later read of the file is local: no request at all.
+        source.piece_runs.lock().unwrap().clear();
+        assert_eq!(read_in_steps(&path, layer.files[name].len()).unwrap(), layer.files[name], "{name}");
+        assert_eq!(read(&path).unwrap(), layer.files[name], "{name}");
+        assert!(source.pieces_fetched(&layer).is_empty(), "{name}: a later read fetched again");
+    }
+    let stats = cache.stats()[0].clone();
+    assert_eq!(stats.whole_file_fills, 2, "{stats:?}");
+    assert!(stats.whole_file_units > 0 && stats.failed_fills == 0, "{stats:?}");
+
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_above_the_bound_keeps_fetching_only_the_pieces_read() {
+    let fx = Fixture::new();
+    let layer = with_pieces(build_layer("wholebig", small_and_large_files(42)));
+    let source = TestSource::with(&[&layer]);
+    let cache = whole_file_cache(&fx, source.clone()).await;
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+
+    let name = "lib/big.so";
+    assert!(layer.files[name].len() as u64 > WHOLE_FILE_BOUND);
+    let path = lease.mount_path().join(name);
+    assert_eq!(read_head(&path, 4096), layer.files[name][..4096]);
+    let fetched: BTreeSet<usize> = source.pieces_fetched(&layer).into_iter().collect();
+    // The mount's 16 KiB window: at most the two pieces it can straddle.
+    let window = layer.pieces_under_head(name, DEFAULT_READAHEAD_KB as u64 * 1024);
+    assert!(!fetched.is_empty() && fetched.is_subset(&window), "fetched {fetched:?}, the window is {window:?}");
+    let stats = cache.stats()[0].clone();
+    assert_eq!((stats.whole_file_fills, stats.whole_file_units), (0, 0), "{stats:?}");
+    // The rest of the file is still missing.
+    let pieces = layer.pieces_of(name);
+    let bitmap = bitmap_of(&fx, &layer);
+    assert!(pieces.iter().filter(|p| bitmap[**p] == 0).count() > pieces.len() / 2, "the big file was fetched whole");
+
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_piece_of_a_small_file_is_refused_and_only_its_reads_fail() {
+    let fx = Fixture::new();
+    let layer = with_pieces(build_layer("wholebad", small_and_large_files(43)));
+    let source = TestSource::with(&[&layer]);
+    let cache = whole_file_cache(&fx, source.clone()).await;
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+
+    let name = "lib/mod3.py";
+    let path = lease.mount_path().join(name);
+    let pieces: Vec<usize> = layer.pieces_of(name).into_iter().collect();
+    // Past the first read's window, all data.
+    let bad = pieces[pieces.len() / 2];
+    assert!(bad > pieces[1], "{pieces:?}");
+    *source.corrupt_pieces.lock().unwrap() = HashSet::from([bad]);
+
+    // The first page reads (its own pieces are good); the bad piece came
+    // with the rest of the file but was refused and not written.
+    assert_eq!(read_head(&path, 4096), layer.files[name][..4096]);
+    assert!(source.pieces_fetched(&layer).contains(&bad), "the whole file was asked for");
+    let (offset, len) = layer.manifest.fetch_unit_extent(bad).unwrap();
+    assert!(is_hole(lease.file_path(), offset, len), "the corrupt piece's bytes reached the layer file");
+    assert_eq!(bitmap_of(&fx, &layer)[bad], 0, "the corrupt piece is not marked present");
+    assert_eq!(cache.stats()[0].failed_fills, 0, "the read did not need the bad piece");
+
+    // A read that needs it fails with EIO, and keeps failing while the
+    // source serves bad bytes.
+    assert_eq!(read_errno(&path), Some(libc::EIO));
+    assert_eq!(read_errno(&path), Some(libc::EIO));
+    assert!(cache.stats()[0].failed_fills >= 1);
+    assert!(is_hole(lease.file_path(), offset, len));
+
+    // A small file whose first piece is bad fails its first read.
+    let other = "lib/mod2.py";
+    let first = *layer.pieces_of(other).first().unwrap();
+    *source.corrupt_pieces.lock().unwrap() = HashSet::from([bad, first]);
+    assert_eq!(read_errno(&lease.mount_path().join(other)), Some(libc::EIO));
+
+    // Fixed at the source, both read whole.
+    source.corrupt_pieces.lock().unwrap().clear();
+    assert_eq!(read(&path).unwrap(), layer.files[name]);
+    assert_eq!(read(&lease.mount_path().join(other)).unwrap(), layer.files[other]);
+    drop(lease);
+    cache.shutdown().await.unwrap();
 }

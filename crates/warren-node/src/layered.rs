@@ -408,6 +408,9 @@ impl LayeredImages {
                     metadata_chunks_fetched: l.metadata_chunks_fetched,
                     metadata_bytes_fetched: l.metadata_bytes_fetched,
                     failed_fills: l.failed_fills,
+                    prefetched_bytes: l.prefetched_bytes,
+                    prefetched_units: l.prefetched_units,
+                    prefetched_units_used: l.prefetched_units_used,
                     leases: l.leases as u64,
                     mounted: l.mounted,
                 })

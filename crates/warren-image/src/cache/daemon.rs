@@ -24,6 +24,7 @@ use super::error::{IoContext, Result};
 use super::fanotify::{Event, Group, Verdict};
 use super::file::{FillError, FillOutcome, InodeKey, LayerFile};
 use super::holder::Holder;
+use super::prefetch::PrefetchConfig;
 use super::readers::Readers;
 use crate::blob::ChunkSource;
 use crate::layer::LayerManifest;
@@ -34,6 +35,9 @@ const JOB_QUEUE: usize = 256;
 const EVENT_BUFFER_BYTES: usize = 64 * 1024;
 /// Chunks one fill fetches concurrently (a readahead window spans several).
 const FETCH_CONCURRENCY: usize = 4;
+/// How far the daemon reads a layer file ahead of an event on local data
+/// (the kernel's default readahead window, which plain directories get).
+const LOCAL_READAHEAD_BYTES: u64 = 128 * 1024;
 /// Bound on the orphaned-event sweep when no earlier daemon left a mark.
 const MAX_SWEPT_FDS: u64 = 1 << 20;
 
@@ -48,6 +52,7 @@ pub(crate) struct Shared {
     pub(crate) high_water: HighWater,
     /// Fill events by the cgroup of the process that raised them.
     pub(crate) readers: Readers,
+    pub(crate) prefetch: PrefetchConfig,
 }
 
 impl Shared {
@@ -55,8 +60,10 @@ impl Shared {
         self.files.write().unwrap_or_else(PoisonError::into_inner).insert(file.key(), Arc::clone(file));
     }
 
+    /// Stops routing events to `file` and aborts its prefetches.
     pub(crate) fn forget(&self, file: &LayerFile) {
         self.files.write().unwrap_or_else(PoisonError::into_inner).remove(&file.key());
+        file.prefetch_state().close();
     }
 
     fn lookup(&self, key: InodeKey) -> Option<Arc<LayerFile>> {
@@ -264,6 +271,12 @@ fn dispatch(shared: &Shared, jobs: &SyncSender<Event>, event: Event) {
         answer(shared, event, Verdict::Allow);
         return;
     }
+    // A range already local is answered here, without the hand-off to a
+    // fill thread: on a warm node that is nearly every event.
+    if answer_if_local(shared, &event) {
+        answer(shared, event, Verdict::Allow);
+        return;
+    }
     if let Err(returned) = jobs.send(event) {
         answer(shared, returned.0, Verdict::DenyEio);
     }
@@ -313,15 +326,84 @@ fn fill_event(shared: &Shared, event: &Event) -> Result<(), EventError> {
     let (offset, count) = event.range.unwrap_or((0, u64::MAX));
     let fetch = |indices: &[usize]| fetch_blocking(shared, file.manifest(), indices);
     let mut outcome = FillOutcome::default();
-    let filled = file.fill(fd.as_fd(), offset, count, &fetch, &mut outcome);
+    let filled = file.fill(fd.as_fd(), offset, count, shared.prefetch.whole_file_bytes, &fetch, &mut outcome);
+    if filled.is_ok() {
+        // After the demand fill, so it never waits behind its own prefetch.
+        prefetch_after(shared, &file, fd.as_fd(), offset, count, &mut outcome);
+    }
     shared.readers.record(event.pid, &outcome);
     filled?;
+    unmark_if_complete(shared, &file);
+    Ok(())
+}
+
+/// Drops the mark of a layer that just became complete (a demand fill or
+/// a prefetch wrote its last unit): no read of it needs a verdict any more.
+fn unmark_if_complete(shared: &Shared, file: &LayerFile) {
     if file.take_unmark_turn() {
         if let Err(e) = shared.group.unmark(file.inode()) {
             tracing::warn!(layer = file.hex(), error = %e, "could not unmark a complete layer");
         }
     }
-    Ok(())
+}
+
+/// Answers from the event thread when the event's whole range is local
+/// already (and starts the prefetch a continuing stream calls for); false
+/// when a fill thread must fetch.
+fn answer_if_local(shared: &Shared, event: &Event) -> bool {
+    let Some(fd) = event.fd.as_ref() else { return false };
+    let Ok(stat) = rustix::fs::fstat(fd) else { return false };
+    let Some(file) = shared.lookup((stat.st_dev, stat.st_ino)) else { return false };
+    let (offset, count) = event.range.unwrap_or((0, u64::MAX));
+    let Some(mut outcome) = file.try_hit(offset, count) else { return false };
+    // The kernel reads the layer file in windows as small as the mount's
+    // readahead (every byte of a window on missing data is fetched), so a
+    // warm node would read its disk 16 KiB at a time. Where the data is
+    // local, start a plain-directory-sized readahead of the layer file
+    // itself: it fetches nothing, and the next windows find it cached.
+    // The event's descriptor raises no event of its own.
+    let local = file.local_bytes_from(offset, LOCAL_READAHEAD_BYTES);
+    if local > count {
+        let _ = rustix::fs::fadvise(fd, offset, std::num::NonZeroU64::new(local), rustix::fs::Advice::WillNeed);
+    }
+    prefetch_after(shared, &file, fd.as_fd(), offset, count, &mut outcome);
+    shared.readers.record(event.pid, &outcome);
+    unmark_if_complete(shared, &file);
+    true
+}
+
+/// Starts the prefetch an event over `[offset, offset + count)` calls for,
+/// if it continues a sequential stream (see `prefetch`). What it claims is
+/// counted as fetched for the event's reader, on whose behalf it goes.
+fn prefetch_after(
+    shared: &Shared,
+    file: &Arc<LayerFile>,
+    event_fd: BorrowedFd<'_>,
+    offset: u64,
+    count: u64,
+    outcome: &mut FillOutcome,
+) {
+    let manifest = file.manifest();
+    // Whole-chunk layers keep their old path: a miss already brings 1 MiB.
+    if manifest.piece_size.is_none() {
+        return;
+    }
+    let max_window = shared.prefetch.max_units(manifest.fetch_unit_size());
+    let Some(span) = file.unit_span(offset, count).filter(|_| max_window > 0) else { return };
+    let state = Arc::clone(file.prefetch_state());
+    let Some(writer) = state.writer(event_fd) else { return };
+    let Some((claim, budget)) = file.plan_prefetch(span, max_window, shared.prefetch.max_requests) else { return };
+    for &index in claim.indices() {
+        outcome.chunks_fetched += 1;
+        outcome.bytes_fetched += manifest.fetch_unit_extent(index).map_or(0, |(_, len)| len);
+    }
+    let (file, source, manifest) = (Arc::clone(file), Arc::clone(&shared.source), Arc::clone(manifest));
+    state.spawn(&shared.runtime, async move {
+        let indices = claim.indices().to_vec();
+        let fetched = fetch_batch(source, manifest, indices).await;
+        file.store_prefetch(claim, fetched, writer.as_fd());
+        drop(budget);
+    });
 }
 
 /// Runs a fetch on the cache's runtime from a fill thread. A runtime that

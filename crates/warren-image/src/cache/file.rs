@@ -11,6 +11,11 @@
 //! a data page of a unit fetches the whole unit, verifies it and writes
 //! it, rewriting any metadata pages in it with the same bytes.
 //!
+//! A layer whose metadata came as a blob also keeps a map of where each
+//! regular file's data blocks lie, read from those metadata pages with
+//! the push-time EROFS parser, so a miss can fetch a small file whole
+//! (see [`LayerFile::fill`]).
+//!
 //! Invariant: a unit is marked present only after its bytes matched the
 //! manifest's digest and were written; a present unit is never rewritten.
 //! The metadata pages are marked present only after the whole blob matched
@@ -25,12 +30,13 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use super::error::{CacheError, IoContext, Result};
+use super::prefetch::{Budget, LayerPrefetch};
 use super::LayerStats;
 use crate::layer::{digest_hex, LayerManifest};
 
@@ -65,6 +71,8 @@ enum ChunkState {
 struct Chunks {
     states: Vec<ChunkState>,
     present: usize,
+    /// Units a prefetch wrote that no fill event has asked for yet.
+    prefetched: Vec<bool>,
 }
 
 #[derive(Debug, Default)]
@@ -77,6 +85,13 @@ struct Counters {
     cache_hits: AtomicU64,
     fill_events: AtomicU64,
     failed_fills: AtomicU64,
+    prefetch_units: AtomicU64,
+    prefetch_bytes: AtomicU64,
+    prefetch_used: AtomicU64,
+    prefetch_failed: AtomicU64,
+    prefetch_requests: AtomicU64,
+    whole_file_fills: AtomicU64,
+    whole_file_units: AtomicU64,
 }
 
 /// What one fill event cost, for attributing it to its reader.
@@ -114,6 +129,11 @@ pub(crate) struct LayerFile {
     settled: Condvar,
     unmarked: AtomicBool,
     counters: Counters,
+    prefetch: Arc<LayerPrefetch>,
+    /// Where each regular file's data blocks lie (see `file_extents`):
+    /// set once the layer's metadata is local, before it is marked; unset
+    /// (misses fetch only their own units) if that could not be read.
+    files: OnceLock<Vec<Range<u64>>>,
 }
 
 impl LayerFile {
@@ -171,6 +191,7 @@ impl LayerFile {
         let states: Vec<ChunkState> =
             marks.iter().map(|&m| if m == 1 { ChunkState::Present } else { ChunkState::Missing }).collect();
         let present = states.iter().filter(|s| **s == ChunkState::Present).count();
+        let prefetched = vec![false; states.len()];
         let meta_pages = if manifest.metadata_blob.is_some() { manifest.metadata_pages() } else { Vec::new() };
         Ok(Self {
             manifest: Arc::new(manifest),
@@ -183,10 +204,12 @@ impl LayerFile {
             digests,
             meta_pages,
             meta_present: AtomicBool::new(meta_present),
-            chunks: Mutex::new(Chunks { states, present }),
+            chunks: Mutex::new(Chunks { states, present, prefetched }),
             settled: Condvar::new(),
             unmarked: AtomicBool::new(false),
             counters: Counters::default(),
+            prefetch: Arc::default(),
+            files: OnceLock::new(),
         })
     }
 
@@ -254,7 +277,40 @@ impl LayerFile {
             remove_if_present(&self.meta_marker);
             dropped += 1;
         }
+        if self.meta_present.load(Ordering::Acquire) {
+            self.index_files_on_disk();
+        }
         Ok(dropped)
+    }
+
+    /// Builds the file map from the metadata pages on disk. Reads through
+    /// the file's own descriptor, so only while no group marks the file
+    /// (as in `verify_present`): a read of a marked file from the daemon
+    /// would wait for the daemon's own answer.
+    fn index_files_on_disk(&self) {
+        self.index_files(&self.file);
+    }
+
+    fn index_files<R: crate::erofs::format::ImageRead + ?Sized>(&self, image: &R) {
+        if self.files.get().is_some() {
+            return;
+        }
+        match crate::erofs::format::file_extents(image) {
+            Ok(extents) => {
+                let _ = self.files.set(extents);
+            }
+            Err(e) => tracing::warn!(layer = %self.hex, error = %e,
+                "cannot map the layer's files; a miss fetches only what it reads"),
+        }
+    }
+
+    /// The fetch units of the file whose data holds byte `at`, if it has
+    /// at most `bound` bytes of data blocks.
+    fn small_file_units(&self, at: u64, bound: u64) -> Option<RangeInclusive<usize>> {
+        let files = self.files.get()?;
+        let i = files.partition_point(|f| f.start <= at).checked_sub(1)?;
+        let file = files.get(i).filter(|f| at < f.end && f.end - f.start <= bound)?;
+        self.unit_span(file.start, file.end - file.start)
     }
 
     /// Whether the metadata pages on disk still make the blob the manifest
@@ -286,9 +342,11 @@ impl LayerFile {
         self.counters.bytes_fetched.fetch_add(wire, Ordering::Relaxed);
         self.counters.metadata_bytes_fetched.fetch_add(wire, Ordering::Relaxed);
         let ranges = crate::metablob::decode(&blob, &r.digest, &self.meta_pages).map_err(|e| error(e.to_string()))?;
-        for (offset, bytes) in ranges {
+        for &(offset, bytes) in &ranges {
             self.file.write_all_at(bytes, offset).context(|| format!("writing the metadata of {}", self.hex))?;
         }
+        // The blob holds every page an inode walk reads: no disk read.
+        self.index_files(&crate::erofs::format::PagesImage { ranges: &ranges, len: self.manifest.size });
         // The marker trails the pages: a crash in between only costs a refetch.
         self.file.sync_data().context(|| format!("syncing {}", self.path.display()))?;
         fs::write(&self.meta_marker, r.digest.as_bytes())
@@ -353,11 +411,19 @@ impl LayerFile {
     /// Makes `[offset, offset + count)` readable: fetches, verifies and
     /// writes (through `event_fd`, which raises no event) every chunk of the
     /// range not yet present, waiting for chunks another filler is fetching.
+    ///
+    /// With `whole_file_bytes` > 0 on a pieced layer, a miss in a file of
+    /// at most that many data bytes first claims the missing units of the
+    /// whole file (at the range's start and end): the same round trip
+    /// brings them, and the file's next reads find them local. Only the
+    /// range's own units decide the verdict: a bad unit elsewhere in the
+    /// file stays missing for the read that needs it.
     pub(crate) fn fill(
         &self,
         event_fd: BorrowedFd<'_>,
         offset: u64,
         count: u64,
+        whole_file_bytes: u64,
         fetch: &FetchFn<'_>,
         outcome: &mut FillOutcome,
     ) -> Result<(), FillError> {
@@ -381,6 +447,20 @@ impl LayerFile {
             })
             .collect();
         let mut first_look = true;
+        if let Some(wide) = self.whole_file_span(offset, end, whole_file_bytes).filter(|w| *w != span) {
+            let (claim, _) = self.claim(wide, &covered);
+            let extra = claim.indices.iter().filter(|i| !span.contains(i)).count();
+            if !claim.indices.is_empty() {
+                first_look = false;
+                if extra > 0 {
+                    self.counters.whole_file_fills.fetch_add(1, Ordering::Relaxed);
+                    self.counters.whole_file_units.fetch_add(u64::try_from(extra).unwrap_or(0), Ordering::Relaxed);
+                }
+                self.fetch_into(event_fd, claim, &span, fetch, outcome).inspect_err(|_| {
+                    self.counters.failed_fills.fetch_add(1, Ordering::Relaxed);
+                })?;
+            }
+        }
         loop {
             let (claim, others_fetching) = self.claim(span.clone(), &covered);
             if claim.indices.is_empty() && !others_fetching {
@@ -392,7 +472,7 @@ impl LayerFile {
             }
             first_look = false;
             if !claim.indices.is_empty() {
-                self.fetch_into(event_fd, claim, fetch, outcome).inspect_err(|_| {
+                self.fetch_into(event_fd, claim, &span, fetch, outcome).inspect_err(|_| {
                     self.counters.failed_fills.fetch_add(1, Ordering::Relaxed);
                 })?;
             }
@@ -402,10 +482,186 @@ impl LayerFile {
         }
     }
 
+    /// The units of `[offset, end)` widened to the small files its ends lie
+    /// in; `None` when whole-file fetching does not apply.
+    fn whole_file_span(&self, offset: u64, end: u64, bound: u64) -> Option<RangeInclusive<usize>> {
+        // Whole-chunk layers already bring a chunk per miss.
+        if bound == 0 || self.manifest.piece_size.is_none() {
+            return None;
+        }
+        let demand = self.unit_span(offset, end - offset)?;
+        let (mut first, mut last) = (*demand.start(), *demand.end());
+        for at in [offset, end - 1] {
+            if let Some(file) = self.small_file_units(at, bound) {
+                first = first.min(*file.start());
+                last = last.max(*file.end());
+            }
+        }
+        Some(first..=last)
+    }
+
+    /// The fetch units `[offset, offset + count)` touches, if any.
+    pub(crate) fn unit_span(&self, offset: u64, count: u64) -> Option<RangeInclusive<usize>> {
+        let end = offset.saturating_add(count).min(self.manifest.size);
+        let unit = self.manifest.fetch_unit_size();
+        (offset < end).then(|| chunk_index(offset, unit)..=chunk_index(end - 1, unit))
+    }
+
+    /// Answers an event whose range is all local without fetching: the
+    /// counters of a cache hit, or `None` if some of it is missing or being
+    /// fetched (then [`Self::fill`] must run).
+    pub(crate) fn try_hit(&self, offset: u64, count: u64) -> Option<FillOutcome> {
+        let end = offset.saturating_add(count).min(self.manifest.size);
+        let mut outcome = FillOutcome { cache_hit: true, ..FillOutcome::default() };
+        if let Some(span) = self.unit_span(offset, count) {
+            let mut used = 0;
+            {
+                let mut chunks = self.lock();
+                for index in span.clone() {
+                    if chunks.states[index] != ChunkState::Present {
+                        let (start, len) = self.extent(index);
+                        if !self.in_metadata_pages(offset.max(start)..end.min(start + len)) {
+                            return None;
+                        }
+                    }
+                }
+                for index in span {
+                    used += u64::from(std::mem::take(&mut chunks.prefetched[index]));
+                }
+            }
+            self.counters.prefetch_used.fetch_add(used, Ordering::Relaxed);
+            self.counters.bytes_accessed.fetch_add(end - offset, Ordering::Relaxed);
+            outcome.bytes_accessed = end - offset;
+        }
+        self.counters.fill_events.fetch_add(1, Ordering::Relaxed);
+        self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+        Some(outcome)
+    }
+
+    /// How many bytes from `offset` on are present, up to `max`: a range
+    /// the layer file can be read ahead in without anything being fetched.
+    pub(crate) fn local_bytes_from(&self, offset: u64, max: u64) -> u64 {
+        let end = offset.saturating_add(max).min(self.manifest.size);
+        let Some(span) = self.unit_span(offset, end.saturating_sub(offset)) else { return 0 };
+        let chunks = self.lock();
+        let reach = span.take_while(|&i| chunks.states[i] == ChunkState::Present).last().map_or(offset, |i| {
+            let (start, len) = self.extent(i);
+            start + len
+        });
+        reach.min(end).saturating_sub(offset)
+    }
+
+    pub(crate) fn prefetch_state(&self) -> &Arc<LayerPrefetch> {
+        &self.prefetch
+    }
+
+    /// Plans the prefetch an event over units `first..=last` calls for:
+    /// advances the layer's streams, clips the window to one chunk, claims
+    /// its missing units and takes one request per run of them from the
+    /// layer's budget (dropping the runs past what the budget allows).
+    pub(crate) fn plan_prefetch(
+        self: &Arc<Self>,
+        span: RangeInclusive<usize>,
+        max_window: usize,
+        max_requests: usize,
+    ) -> Option<(PrefetchClaim, Budget)> {
+        let per_chunk = self.manifest.piece_size.map_or(1, |p| (self.manifest.chunk_size / p).max(1));
+        let per_chunk = usize::try_from(per_chunk).unwrap_or(usize::MAX);
+        let mut streams = self.prefetch.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        let (stream, wanted) = streams.advance(*span.start(), *span.end(), max_window);
+        let chunk_end = (wanted.start / per_chunk).saturating_add(1).saturating_mul(per_chunk);
+        let end = wanted.end.min(chunk_end).min(self.digests.len());
+        if wanted.start >= end {
+            return None;
+        }
+        let missing: Vec<usize> = {
+            let chunks = self.lock();
+            (wanted.start..end).filter(|&i| chunks.states[i] == ChunkState::Missing).collect()
+        };
+        if missing.is_empty() {
+            // All local or in flight already: the stream moves on.
+            streams.claimed(stream, end);
+            return None;
+        }
+        let runs = 1 + missing.windows(2).filter(|w| w[1] != w[0] + 1).count();
+        // No budget: nothing is claimed and the stream asks again next time.
+        let budget = self.prefetch.take_budget(runs, max_requests)?;
+        // Keep the runs the budget covers; a cut plan resumes where it was cut.
+        let mut kept_runs = 0;
+        let cut = missing
+            .iter()
+            .enumerate()
+            .position(|(i, &index)| {
+                if i == 0 || missing[i - 1] + 1 != index {
+                    kept_runs += 1;
+                }
+                kept_runs > budget.requests()
+            })
+            .unwrap_or(missing.len());
+        let mut claim = PrefetchClaim { file: Arc::clone(self), indices: Vec::new() };
+        {
+            let mut chunks = self.lock();
+            for &index in &missing[..cut] {
+                if chunks.states[index] == ChunkState::Missing {
+                    chunks.states[index] = ChunkState::Fetching;
+                    claim.indices.push(index);
+                }
+            }
+        }
+        streams.claimed(stream, missing.get(cut).copied().unwrap_or(end));
+        if claim.indices.is_empty() {
+            return None;
+        }
+        self.counters.prefetch_requests.fetch_add(u64::try_from(budget.requests()).unwrap_or(0), Ordering::Relaxed);
+        Some((claim, budget))
+    }
+
+    /// Checks and writes what a prefetch fetched, through `fd` (which
+    /// raises no event), unless the layer was closed meanwhile; each unit
+    /// that fails stays missing for a demand fill to fetch again.
+    pub(crate) fn store_prefetch(
+        &self,
+        mut claim: PrefetchClaim,
+        fetched: Vec<Result<Bytes, String>>,
+        fd: BorrowedFd<'_>,
+    ) {
+        let indices = claim.indices.clone();
+        let mut results = fetched.into_iter();
+        for index in indices {
+            let result = results.next().unwrap_or_else(|| Err("no result from the fetcher".to_owned()));
+            if self.prefetch.is_closed() {
+                return;
+            }
+            let stored = result.map_err(|reason| FillError::Fetch { index, reason }).and_then(|bytes| {
+                self.count_fetched(&bytes);
+                self.counters.prefetch_units.fetch_add(1, Ordering::Relaxed);
+                let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+                self.counters.prefetch_bytes.fetch_add(len, Ordering::Relaxed);
+                self.check_chunk(index, &bytes)?;
+                let (offset, _) = self.extent(index);
+                write_all_at(fd, &bytes, offset).map_err(|source| FillError::Write { index, source })
+            });
+            match stored {
+                Ok(()) => {
+                    self.lock().prefetched[index] = true;
+                    claim.settle(index, ChunkState::Present);
+                }
+                Err(e) => {
+                    tracing::warn!(layer = %self.hex, error = %e, "prefetch refused; a read will fetch it again");
+                    self.counters.prefetch_failed.fetch_add(1, Ordering::Relaxed);
+                    claim.settle(index, ChunkState::Missing);
+                }
+            }
+        }
+    }
+
+    /// Fetches, checks and writes the claimed units; fails if one inside
+    /// `demand` failed (one outside is logged and stays missing).
     fn fetch_into(
         &self,
         event_fd: BorrowedFd<'_>,
         mut claim: Claim<'_>,
+        demand: &RangeInclusive<usize>,
         fetch: &FetchFn<'_>,
         outcome: &mut FillOutcome,
     ) -> Result<(), FillError> {
@@ -424,9 +680,13 @@ impl LayerFile {
             });
             match stored {
                 Ok(()) => claim.settle(index, ChunkState::Present),
-                Err(e) => {
+                Err(e) if demand.contains(&index) => {
                     claim.settle(index, ChunkState::Missing);
                     failure.get_or_insert(e);
+                }
+                Err(e) => {
+                    tracing::warn!(layer = %self.hex, error = %e, "a unit of a small file refused; a read will fetch it again");
+                    claim.settle(index, ChunkState::Missing);
                 }
             }
         }
@@ -446,7 +706,11 @@ impl LayerFile {
                     indices.push(index);
                 }
                 ChunkState::Fetching => others = true,
-                ChunkState::Present => {}
+                ChunkState::Present => {
+                    if std::mem::take(&mut chunks.prefetched[index]) {
+                        self.counters.prefetch_used.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
             }
         }
         (Claim { file: self, indices }, others)
@@ -523,6 +787,13 @@ impl LayerFile {
             cache_hits: load(&self.counters.cache_hits),
             fill_events: load(&self.counters.fill_events),
             failed_fills: load(&self.counters.failed_fills),
+            prefetched_units: load(&self.counters.prefetch_units),
+            prefetched_bytes: load(&self.counters.prefetch_bytes),
+            prefetched_units_used: load(&self.counters.prefetch_used),
+            failed_prefetches: load(&self.counters.prefetch_failed),
+            prefetch_requests: load(&self.counters.prefetch_requests),
+            whole_file_fills: load(&self.counters.whole_file_fills),
+            whole_file_units: load(&self.counters.whole_file_units),
             leases,
             mounted,
         }
@@ -544,6 +815,33 @@ impl Claim<'_> {
 }
 
 impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        for index in std::mem::take(&mut self.indices) {
+            self.file.set_state(index, ChunkState::Missing);
+        }
+    }
+}
+
+/// Units a prefetch claimed; like [`Claim`], but owning its layer so it
+/// can travel with the prefetch task. Units not settled (an aborted task)
+/// go back to missing.
+pub(crate) struct PrefetchClaim {
+    file: Arc<LayerFile>,
+    indices: Vec<usize>,
+}
+
+impl PrefetchClaim {
+    pub(crate) fn indices(&self) -> &[usize] {
+        &self.indices
+    }
+
+    fn settle(&mut self, index: usize, state: ChunkState) {
+        self.indices.retain(|&i| i != index);
+        self.file.set_state(index, state);
+    }
+}
+
+impl Drop for PrefetchClaim {
     fn drop(&mut self) {
         for index in std::mem::take(&mut self.indices) {
             self.file.set_state(index, ChunkState::Missing);

@@ -56,6 +56,49 @@ pub enum FormatError {
     Unsupported(String),
 }
 
+/// Where the parser reads an image from: a whole image file, or only the
+/// metadata pages of one held in memory (see [`PagesImage`]), which is all
+/// a walk of the inodes ever touches.
+pub(crate) trait ImageRead {
+    /// Reads exactly `buf.len()` bytes at `offset`; `UnexpectedEof` when
+    /// they are not all there.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    fn image_len(&self) -> io::Result<u64>;
+}
+
+impl ImageRead for File {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        FileExt::read_exact_at(self, buf, offset)
+    }
+
+    fn image_len(&self) -> io::Result<u64> {
+        Ok(self.metadata()?.len())
+    }
+}
+
+/// An image of `len` bytes of which only `ranges` (sorted, disjoint) are
+/// known: a layer's metadata pages as its metadata blob carries them.
+pub(crate) struct PagesImage<'a> {
+    pub(crate) ranges: &'a [(u64, &'a [u8])],
+    pub(crate) len: u64,
+}
+
+impl ImageRead for PagesImage<'_> {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let i = self.ranges.partition_point(|(start, bytes)| start + bytes.len() as u64 <= offset);
+        let missing = || io::Error::new(io::ErrorKind::UnexpectedEof, "outside the metadata pages");
+        let (start, bytes) = self.ranges.get(i).ok_or_else(missing)?;
+        let at = offset.checked_sub(*start).and_then(|a| usize::try_from(a).ok()).ok_or_else(missing)?;
+        let end = at.checked_add(buf.len()).filter(|&e| e <= bytes.len()).ok_or_else(missing)?;
+        buf.copy_from_slice(&bytes[at..end]);
+        Ok(())
+    }
+
+    fn image_len(&self) -> io::Result<u64> {
+        Ok(self.len)
+    }
+}
+
 /// The superblock fields this module needs.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Superblock {
@@ -66,7 +109,7 @@ pub(crate) struct Superblock {
 }
 
 impl Superblock {
-    pub(crate) fn read(file: &File) -> Result<Self, FormatError> {
+    pub(crate) fn read<R: ImageRead + ?Sized>(file: &R) -> Result<Self, FormatError> {
         let mut raw = [0u8; SUPERBLOCK_LEN];
         read_exact_at(file, &mut raw, SUPERBLOCK_OFFSET)?;
         let magic = le32(&raw, 0);
@@ -108,7 +151,7 @@ struct Inode {
 }
 
 impl Inode {
-    fn read(file: &File, sb: &Superblock, nid: u64) -> Result<Self, FormatError> {
+    fn read<R: ImageRead + ?Sized>(file: &R, sb: &Superblock, nid: u64) -> Result<Self, FormatError> {
         let offset = sb.inode_offset(nid)?;
         let mut raw = [0u8; EXTENDED_INODE_LEN as usize];
         read_exact_at(file, &mut raw[..COMPACT_INODE_LEN as usize], offset)?;
@@ -154,8 +197,16 @@ impl Inode {
 /// The byte ranges of `file` (an EROFS image) holding regular-file data
 /// blocks, sorted and merged.
 pub(crate) fn data_ranges(file: &File) -> Result<Vec<Range<u64>>, FormatError> {
+    Ok(merge(file_extents(file)?))
+}
+
+/// The data blocks of each regular file of `file` (an EROFS image), one
+/// range per file with any, sorted by start and not merged: where a read
+/// of the image lands in which file. Reads only metadata (superblock,
+/// inodes, directories), so the metadata pages alone suffice.
+pub(crate) fn file_extents<R: ImageRead + ?Sized>(file: &R) -> Result<Vec<Range<u64>>, FormatError> {
     let sb = Superblock::read(file)?;
-    let image_len = file.metadata()?.len();
+    let image_len = file.image_len()?;
     let mut ranges = Vec::new();
     let mut seen = HashSet::from([sb.root_nid]);
     let mut dirs = vec![sb.root_nid];
@@ -187,7 +238,8 @@ pub(crate) fn data_ranges(file: &File) -> Result<Vec<Range<u64>>, FormatError> {
             }
         }
     }
-    Ok(merge(ranges))
+    ranges.sort_by_key(|r| r.start);
+    Ok(ranges)
 }
 
 /// The complement of `data` within `[0, len)`: what must be local before the
@@ -217,7 +269,13 @@ fn block_range(first: u64, count: u64, block_size: u64, image_len: u64, nid: u64
 }
 
 /// The nids named by a directory's entries (including "." and "..").
-fn dir_children(file: &File, sb: &Superblock, nid: u64, dir: &Inode, image_len: u64) -> Result<Vec<u64>, FormatError> {
+fn dir_children<R: ImageRead + ?Sized>(
+    file: &R,
+    sb: &Superblock,
+    nid: u64,
+    dir: &Inode,
+    image_len: u64,
+) -> Result<Vec<u64>, FormatError> {
     let (first, full_blocks) = dir.block_extent(nid, sb.block_size)?;
     let mut children = Vec::new();
     let mut logical = 0;
@@ -311,7 +369,7 @@ fn crc32c_raw(mut crc: u32, bytes: &[u8]) -> u32 {
 }
 
 /// Reads exactly `buf.len()` bytes at `offset`; a short image is corrupt.
-fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> Result<(), FormatError> {
+fn read_exact_at<R: ImageRead + ?Sized>(file: &R, buf: &mut [u8], offset: u64) -> Result<(), FormatError> {
     file.read_exact_at(buf, offset).map_err(|e| match e.kind() {
         io::ErrorKind::UnexpectedEof => {
             FormatError::Corrupt(format!("{} bytes at offset {offset} lie past the end", buf.len()))
@@ -358,6 +416,24 @@ mod tests {
     #[test]
     fn merge_joins_touching_and_overlapping_ranges() {
         assert_eq!(merge(vec![8..12, 0..4, 4..6, 10..14]), vec![0..6, 8..14]);
+    }
+
+    #[test]
+    fn a_pages_image_serves_only_reads_inside_one_of_its_ranges() {
+        let (a, b) = ([1u8; 8], [2u8; 4]);
+        let ranges = [(16, &a[..]), (24, &b[..])];
+        let image = PagesImage { ranges: &ranges, len: 100 };
+        let mut buf = [0u8; 4];
+        image.read_exact_at(&mut buf, 20).unwrap();
+        assert_eq!(buf, [1; 4]);
+        image.read_exact_at(&mut buf, 24).unwrap();
+        assert_eq!(buf, [2; 4]);
+        for at in [0, 14, 22, 26, 96] {
+            let e = image.read_exact_at(&mut buf, at).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "at {at}");
+        }
+        assert!(matches!(read_exact_at(&image, &mut buf, 0), Err(FormatError::Corrupt(_))));
+        assert_eq!(image.image_len().unwrap(), 100);
     }
 
     #[test]
