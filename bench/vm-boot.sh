@@ -8,7 +8,15 @@
 # a trivial init (`warren.probe`: init powers the VM off as soon as it
 # runs; QEMU start to exit), and writes bench/results/<YYYY-MM-DD>-vm-boot.md.
 #
-# Usage: bench/vm-boot.sh [SAMPLES]      (default 5 per backend; needs root)
+# Usage: bench/vm-boot.sh [--no-full-vm] [SAMPLES]   (default 5 per backend; needs root)
+#   --no-full-vm    skip the full VM (`vm`, cold and snapshot): microVM and bare only
+#   VM_BOOT_OUT=f   write the results to f instead of bench/results/<date>-vm-boot.md
+#
+# It measures the release binaries (target/release/warren and the
+# warren-init beside it, which the guest runs as its init): a debug
+# warren-init under TCG is several times slower than what ships. Build them
+# first: cargo build --release -p warren -p warren-init (or point WARREN_BIN
+# at another build).
 #
 # One sample: POST /v1/sandboxes (returns once the guest's agent answered a
 # ping: the boot), POST .../exec?wait=true {"argv":["true"]} (the first
@@ -22,14 +30,20 @@
 set -eu
 
 cd "$(dirname "$0")/.."
+FULL_VM=1
+if [ "${1:-}" = --no-full-vm ]; then FULL_VM=0; shift; fi
 SAMPLES=${1:-5}
-BIN=${WARREN_BIN:-$PWD/target/debug/warren}
+BIN=${WARREN_BIN:-$PWD/target/release/warren}
 ROOTFS=/var/cache/warren/vm-systemd-rootfs
 MEMORY_MIB=512
-OUT=bench/results/$(date -u +%Y-%m-%d)-vm-boot.md
+OUT=${VM_BOOT_OUT:-bench/results/$(date -u +%Y-%m-%d)-vm-boot.md}
+LABELS="microvm vm snapshot vmsnapshot bare"
+SNAP_LABELS="snapshot vmsnapshot"
+if [ $FULL_VM = 0 ]; then LABELS="microvm snapshot bare" SNAP_LABELS=snapshot; fi
 
 [ "$(id -u)" -eq 0 ] || { echo "vm-boot.sh: needs root" >&2; exit 1; }
-[ -x "$BIN" ] || { echo "vm-boot.sh: no $BIN (cargo build -p warren -p warren-init)" >&2; exit 1; }
+[ -x "$BIN" ] || { echo "vm-boot.sh: no $BIN (cargo build --release -p warren -p warren-init)" >&2; exit 1; }
+[ -x "$(dirname "$BIN")/warren-init" ] || { echo "vm-boot.sh: no warren-init beside $BIN" >&2; exit 1; }
 WARREN_IMAGE_PACKAGES=systemd-sysv,procps scripts/make-default-image.sh "$ROOTFS" >&2
 
 DATA=$(mktemp -d /tmp/warren-vm-boot.XXXXXX)
@@ -126,11 +140,12 @@ bare() {
     echo "bare $((t1 - t0)) 0 cold"
 }
 
+LOAD_AT_START=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "vm-boot.sh: warm-up (initramfs and layer disk per driver; the snapshot)" >&2
 sample microvm >/dev/null
-sample vm >/dev/null
+[ $FULL_VM = 0 ] || sample vm >/dev/null
 # The first create of the shape boots and starts the snapshot's build.
-for label in snapshot vmsnapshot; do
+for label in $SNAP_LABELS; do
     i=0
     until [ "$(sample $label | cut -d' ' -f4)" = snapshot ]; do
         i=$((i + 1))
@@ -141,11 +156,12 @@ done
 : >"$SAMPLES_FILE"
 n=1
 while [ $n -le "$SAMPLES" ]; do
-    for label in microvm vm snapshot vmsnapshot bare; do
+    for label in $LABELS; do
         if [ "$label" = bare ]; then s=$(bare); else s=$(sample "$label"); fi
         echo "vm-boot.sh: sample $n: $s" >&2
         if [ "${label%snapshot}" != "$label" ] && [ "$(echo "$s" | cut -d' ' -f4)" != snapshot ]; then
-            echo "vm-boot.sh: a create on the snapshot server booted cold" >&2
+            echo "vm-boot.sh: a create on the snapshot server booted cold:" >&2
+            grep -i -A3 'snapshot' "$SNAP_DATA.log" | tail -n 20 >&2
             exit 1
         fi
         echo "$s" >>"$SAMPLES_FILE"
@@ -168,36 +184,44 @@ stats() {
     echo "- $(qemu-system-x86_64 --version | head -n 1), accelerator tcg (this host's KVM is paravirtual and cannot run the guest)"
     echo "- guest kernel: $(basename "$(ls /boot/vmlinuz-*-cloud-amd64 | sort | tail -n 1)"), $MEMORY_MIB MiB, 1 vCPU, 256 MiB writable disk"
     echo "- image: $ROOTFS (Debian bookworm minbase + systemd-sysv + procps, $(du -sh "$ROOTFS" | cut -f1))"
-    echo "- binaries: $BIN and the warren-init beside it (debug builds; the guest runs that warren-init)"
-    echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ); command: \`bench/vm-boot.sh $SAMPLES\`; load at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "- binaries: $BIN and the warren-init beside it ($(basename "$(dirname "$BIN")") build; the guest runs that warren-init)"
+    flag=""; [ $FULL_VM = 1 ] || flag="--no-full-vm "
+    echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ); command: \`bench/vm-boot.sh $flag$SAMPLES\`; load at the start: $LOAD_AT_START"
     echo
     echo "$SAMPLES samples per backend, taken in turns; median / min / max in ms."
     echo
     echo "| backend | create (boot to the agent's answer) | first exec \`true\` | create + first exec |"
     echo "|---|---|---|---|"
-    for backend in microvm vm; do
-        echo "| \`$backend\` | $(stats $backend create) | $(stats $backend exec) | $(stats $backend total) |"
-    done
+    echo "| \`microvm\` | $(stats microvm create) | $(stats microvm exec) | $(stats microvm total) |"
+    [ $FULL_VM = 0 ] || echo "| \`vm\` | $(stats vm create) | $(stats vm exec) | $(stats vm total) |"
     echo "| \`microvm\` restored from a snapshot (\`--vm-snapshots on\`) | $(stats snapshot create) | $(stats snapshot exec) | $(stats snapshot total) |"
-    echo "| \`vm\` restored from a snapshot (\`--vm-snapshots on\`) | $(stats vmsnapshot create) | $(stats vmsnapshot exec) | $(stats vmsnapshot total) |"
+    [ $FULL_VM = 0 ] || echo "| \`vm\` restored from a snapshot (\`--vm-snapshots on\`) | $(stats vmsnapshot create) | $(stats vmsnapshot exec) | $(stats vmsnapshot total) |"
     echo "| bare \`qemu -M microvm\`, same kernel and initramfs, init powers off at once (QEMU start to exit) | $(stats bare create) | - | $(stats bare total) |"
     echo
     cold=$(stats microvm total | cut -d' ' -f1)
     snap=$(stats snapshot total | cut -d' ' -f1)
     bare=$(stats bare total | cut -d' ' -f1)
-    vmcold=$(stats vm total | cut -d' ' -f1)
-    vmsnap=$(stats vmsnapshot total | cut -d' ' -f1)
+    full=""
+    if [ $FULL_VM = 1 ]; then
+        vmcold=$(stats vm total | cut -d' ' -f1)
+        vmsnap=$(stats vmsnapshot total | cut -d' ' -f1)
+        full=" full VM $(awk -v s="$vmsnap" -v c="$vmcold" 'BEGIN { printf "%.2f", s / c }')x;"
+    fi
     echo "Medians: snapshot restore to first exec / cold boot to first exec =" \
-        "$(awk -v s="$snap" -v c="$cold" 'BEGIN { printf "%.2f", s / c }')x (target <= 0.2x)," \
-        "full VM $(awk -v s="$vmsnap" -v c="$vmcold" 'BEGIN { printf "%.2f", s / c }')x;" \
-        "cold boot to first exec / bare boot = $(awk -v c="$cold" -v b="$bare" 'BEGIN { printf "%.2f", c / b }')x."
+        "$(awk -v s="$snap" -v c="$cold" 'BEGIN { printf "%.2f", s / c }')x (target <= 0.2x),$full" \
+        "cold boot to first exec / bare boot = $(awk -v c="$cold" -v b="$bare" 'BEGIN { printf "%.2f", c / b }')x (target <= 1.1x)."
     echo
-    echo "What the full VM adds: SeaBIOS and the q35 machine's devices, then"
-    echo "systemd's boot up to \`basic.target\` (journald, tmpfiles, sysusers,"
-    echo "the unit graph), after which it starts the agent's service (the rest"
-    echo "of the boot runs on beside the first exec); the kernel, initramfs and"
-    echo "layer stacking are the microVM's."
-    echo
+    if [ $FULL_VM = 1 ]; then
+        echo "What the full VM adds: SeaBIOS and the q35 machine's devices, then"
+        echo "systemd's boot up to \`basic.target\` (journald, tmpfiles, sysusers,"
+        echo "the unit graph), after which it starts the agent's service (the rest"
+        echo "of the boot runs on beside the first exec); the kernel, initramfs and"
+        echo "layer stacking are the microVM's."
+        echo
+    else
+        echo "The full VM was not measured in this run (\`--no-full-vm\`)."
+        echo
+    fi
     echo "A snapshot restore: a sparse copy of the snapshot's writable disk, QEMU"
     echo "loading the stopped guest's migration stream (\`-incoming fd:3\`), the"
     echo "mux, \`cont\`, then init's \`Identify\` (hostname, entropy and CRNG reseed,"

@@ -415,6 +415,7 @@ impl MicroVmDriver {
 
     /// Everything after the directory and cgroup exist.
     async fn boot(&self, spec: &SandboxSpec, dir: &Path, cgroup: &SandboxCgroup) -> Result<(Running, Accel)> {
+        let entered = std::time::Instant::now();
         let layers = self.layer_files(&spec.layers).await?;
         let initramfs = self.initramfs().await?.to_path_buf();
         let accel = self.accel().await?;
@@ -449,6 +450,7 @@ impl MicroVmDriver {
             // A pause to disk migrates this QEMU (see `VmSpec`).
             writable_by_fd: true,
         };
+        let spawned_ms = entered.elapsed().as_millis();
         let mut child = qemu::spawn(&vm)?;
         let console = ConsoleTail::default();
         console.follow(&mut child);
@@ -457,6 +459,10 @@ impl MicroVmDriver {
         // outside the cgroup is the price of not forking through it.
         cgroup.add_pid(pid as i32).map_err(cgroup_err)?;
         let ready = self.wait_ready(&mut child, &serial_sock, &self.ctl_sock(&spec.id)).await;
+        if qemu::boot_trace() {
+            let ready_ms = entered.elapsed().as_millis();
+            tracing::info!(sandbox = %spec.id, spawned_ms, ready_ms, console = %console.text(), "boot trace");
+        }
         match ready {
             Ok(mux) => Ok((Running { qemu: child, _mux: mux, paused: false, launch }, accel)),
             Err(e) => {

@@ -59,6 +59,9 @@ struct BootArgs {
     hostname: String,
     probe: bool,
     systemd: bool,
+    /// `warren.boottrace`: print each boot step's time on the console (how
+    /// the boot's split in `bench/results/` was measured).
+    trace: bool,
 }
 
 /// Set once this process is a microVM's PID 1: only then is
@@ -111,9 +114,19 @@ fn boot() -> Result<Booted, InitError> {
     if args.probe {
         return Ok(Booted::Probe);
     }
-    load_modules()?;
+    let trace = |step: &str| {
+        if args.trace {
+            let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+            eprintln!("warren-init: [{:>5}.{:06}] {step}", now.tv_sec, now.tv_nsec / 1000);
+        }
+    };
+    trace("init runs");
+    load_modules(&trace)?;
+    trace("modules loaded");
     let devices = wait_for_devices(args.layers)?;
-    stack_root(&devices)?;
+    trace("devices found");
+    stack_root(&devices, &trace)?;
+    trace("root stacked");
     if args.systemd {
         systemd::install(Path::new(NEW_ROOT))?;
         switch_root()?;
@@ -125,6 +138,7 @@ fn boot() -> Result<Booted, InitError> {
         rustix::fs::open("/init", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).step(|| "open /init".into())?;
     let self_exe = settle_fds(self_exe)?;
     switch_root()?;
+    trace("switch_root");
     mount_pts_and_shm()?;
     rustix::system::sethostname(args.hostname.as_bytes()).step(|| "sethostname".into())?;
     sys::bring_loopback_up().step(|| "bring up lo".into())?;
@@ -132,7 +146,9 @@ fn boot() -> Result<Booted, InitError> {
     // Before the filter: the one thread that may rename the guest and set
     // its clock once it is a clone of a snapshot.
     identity::start().step(|| "start the identity thread".into())?;
-    let (phases, events) = start_serving(self_exe)?;
+    trace("root switched");
+    let (phases, events) = start_serving(self_exe, &trace)?;
+    trace("serving");
     Ok(Booted::Serving { phases, events, port })
 }
 
@@ -144,10 +160,12 @@ fn open_port(port: &Path) -> Result<OwnedFd, InitError> {
 /// The seccomp profile on this (single-threaded) process, then the reaper
 /// and the first phase's leader: what serving the node needs, as PID 1 of
 /// a microVM or as a full VM's service.
-fn start_serving(self_exe: OwnedFd) -> Result<(Arc<Phases>, Arc<EventLog>), InitError> {
+fn start_serving(self_exe: OwnedFd, trace: &dyn Fn(&str)) -> Result<(Arc<Phases>, Arc<EventLog>), InitError> {
     let events = seccomp::start()?;
+    trace("seccomp");
     LANDLOCK_OPTIONAL.store(true, std::sync::atomic::Ordering::Relaxed);
     let registry = Registry::start().step(|| "start the reaper".into())?;
+    trace("reaper");
     let phases = Phases::start(registry, self_exe, PhaseRules::default()).map_err(|e| match e {
         StartError::Rejected(message) => InitError::PhaseRejected(message),
         StartError::Io(e) => InitError::Sys { step: "start the phase leader".into(), source: e },
@@ -171,7 +189,7 @@ fn mount_kernel_fs(root: &str) -> Result<(), InitError> {
 
 fn boot_args() -> Result<BootArgs, InitError> {
     let cmdline = std::fs::read_to_string("/proc/cmdline").step(|| "read /proc/cmdline".into())?;
-    let mut args = BootArgs { layers: 0, hostname: "sandbox".into(), probe: false, systemd: false };
+    let mut args = BootArgs { layers: 0, hostname: "sandbox".into(), probe: false, systemd: false, trace: false };
     for word in cmdline.split_ascii_whitespace() {
         if let Some(n) = word.strip_prefix("warren.layers=") {
             args.layers = n.parse().map_err(|_| InitError::Refused(format!("bad {word}")))?;
@@ -181,6 +199,8 @@ fn boot_args() -> Result<BootArgs, InitError> {
             args.probe = true;
         } else if word == "warren.systemd" {
             args.systemd = true;
+        } else if word == "warren.boottrace" {
+            args.trace = true;
         }
     }
     if args.layers == 0 && !args.probe {
@@ -190,7 +210,7 @@ fn boot_args() -> Result<BootArgs, InitError> {
 }
 
 /// Loads the modules in the order the node wrote to `/modules/order`.
-fn load_modules() -> Result<(), InitError> {
+fn load_modules(trace: &dyn Fn(&str)) -> Result<(), InitError> {
     let order = std::fs::read_to_string(format!("{MODULES_DIR}/order")).step(|| "read the module order".into())?;
     for name in order.lines().filter(|l| !l.is_empty()) {
         let path = format!("{MODULES_DIR}/{name}.ko");
@@ -200,6 +220,7 @@ fn load_modules() -> Result<(), InitError> {
             Ok(()) | Err(rustix::io::Errno::EXIST) => {}
             Err(e) => return Err(e).step(|| format!("load module {name}")),
         }
+        trace(name);
     }
     Ok(())
 }
@@ -255,7 +276,7 @@ fn find_port() -> Option<PathBuf> {
 
 /// Layers read-only (EROFS), the writable disk (ext4, made by the node),
 /// and the overlay of them at [`NEW_ROOT`].
-fn stack_root(devices: &Devices) -> Result<(), InitError> {
+fn stack_root(devices: &Devices, trace: &dyn Fn(&str)) -> Result<(), InitError> {
     let mut lower = Vec::with_capacity(devices.layers.len());
     for (i, disk) in devices.layers.iter().enumerate() {
         let target = format!("/layers/{i}");
@@ -264,9 +285,15 @@ fn stack_root(devices: &Devices) -> Result<(), InitError> {
             .step(|| format!("mount layer {i} ({}) as erofs", disk.display()))?;
         lower.push(target);
     }
+    trace("layers mounted");
     mkdir_all(Path::new("/rw"))?;
-    rustix::mount::mount(&devices.rw, "/rw", "ext4", MountFlags::NOATIME, None)
+    // The node's mkfs leaves the inode tables unwritten on a sparse file:
+    // they read as zeros already, and zeroing them again (ext4lazyinit)
+    // would take the guest's one vCPU and the disk while the sandbox boots
+    // and runs its first commands.
+    rustix::mount::mount(&devices.rw, "/rw", "ext4", MountFlags::NOATIME, Some(c"noinit_itable"))
         .step(|| format!("mount the writable disk {}", devices.rw.display()))?;
+    trace("writable disk mounted");
     for dir in ["/rw/upper", "/rw/work", NEW_ROOT] {
         mkdir_all(Path::new(dir))?;
     }

@@ -122,7 +122,16 @@ const HANDOVER_MIN_FD: i32 = 16;
 fn base_append() -> String {
     let khz = host_tsc_khz();
     // loops_per_jiffy at HZ=250; only udelay before the TSC takes over uses it.
-    format!("console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check tsc_early_khz={khz} lpj={}", khz * 4)
+    let trace = if boot_trace() { " warren.boottrace" } else { "" };
+    format!("console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check tsc_early_khz={khz} lpj={}{trace}", khz * 4)
+}
+
+/// `WARREN_VM_BOOTTRACE=1`: guests print their boot steps' times and the
+/// console's tail stamps each chunk with the host's milliseconds since
+/// QEMU started (what the boot split in `bench/results/` comes from).
+pub fn boot_trace() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("WARREN_VM_BOOTTRACE").is_some_and(|v| v == "1"))
 }
 
 /// The host's TSC rate, measured once against the monotonic clock.
@@ -270,20 +279,32 @@ pub struct ConsoleTail(Arc<Mutex<VecDeque<u8>>>);
 impl ConsoleTail {
     /// Keeps reading `child`'s output until it closes.
     pub fn follow(&self, child: &mut Child) {
+        let started = std::time::Instant::now();
         for out in [child.stdout.take().map(boxed), child.stderr.take().map(boxed)].into_iter().flatten() {
             let tail = self.clone();
-            tokio::spawn(async move { tail.read_all(out).await });
+            tokio::spawn(async move { tail.read_all(out, started).await });
         }
     }
 
-    async fn read_all(&self, mut out: Box<dyn AsyncRead + Send + Unpin>) {
+    async fn read_all(&self, mut out: Box<dyn AsyncRead + Send + Unpin>, started: std::time::Instant) {
         let mut buf = [0u8; 4096];
+        let mut line_start = true;
         while let Ok(n) = out.read(&mut buf).await {
             if n == 0 {
                 return;
             }
             let mut tail = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-            tail.extend(&buf[..n]);
+            if boot_trace() {
+                for &b in &buf[..n] {
+                    if line_start {
+                        tail.extend(format!("<host +{} ms> ", started.elapsed().as_millis()).bytes());
+                    }
+                    tail.push_back(b);
+                    line_start = b == b'\n';
+                }
+            } else {
+                tail.extend(&buf[..n]);
+            }
             let excess = tail.len().saturating_sub(CONSOLE_TAIL_BYTES);
             tail.drain(..excess);
         }
