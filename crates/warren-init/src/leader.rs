@@ -20,9 +20,10 @@
 //! glibc's start-up again (its CPU feature and cache probes issue CPUID,
 //! which traps on virtualised hosts: about 0.6 ms here), and a fork shares
 //! PID 1's pages until either writes them. PID 1 has other threads by
-//! then (the seccomp supervisor, the reaper), so the child only uses what
-//! no other thread can hold locked: glibc's allocator (its `fork` resets
-//! the allocator's locks in the child), its own descriptors and memory.
+//! then (the seccomp supervisor, connections'; a microVM's reaper), so
+//! the child only uses what no other thread can hold locked: glibc's
+//! allocator (its `fork` resets the allocator's locks in the child), its
+//! own descriptors and memory.
 //!
 //! Wire, on a stream socketpair (PID 1's end, the leader's fd 3): each
 //! message is a big-endian `u32` length and a JSON body. PID 1 first sends
@@ -188,11 +189,12 @@ impl Leader {
         let fds = ChildFds { null: null.as_raw_fd(), channel: theirs.as_raw_fd(), exe: self_exe.as_raw_fd() };
         let landlock_optional = LANDLOCK_OPTIONAL.load(std::sync::atomic::Ordering::Relaxed);
         let (pid, exit) = registry.spawn_registered(|| {
-            // SAFETY: PID 1 has other threads (the seccomp supervisor, the
-            // reaper). The child takes no lock they could hold: it moves its
-            // descriptors with raw calls, then runs `leader_main`, which
-            // allocates (glibc's `fork` leaves the allocator usable in the
-            // child) and uses only its own descriptors and memory.
+            // SAFETY: PID 1 has other threads (the seccomp supervisor,
+            // connections'; in a microVM the reaper). The child takes no
+            // lock they could hold: it moves its descriptors with raw
+            // calls, then runs `leader_main`, which allocates (glibc's
+            // `fork` leaves the allocator usable in the child) and uses
+            // only its own descriptors and memory.
             match unsafe { sys::fork() }? {
                 sys::Forked::Child => {
                     if prepare_leader(&fds).is_err() {
@@ -295,7 +297,9 @@ struct ChildFds {
 /// of no exec's tree) and command name, `/dev/null` as 0-2, the channel at
 /// [`CHANNEL_FD`] and init's binary at [`EXE_FD`], every other descriptor
 /// of PID 1 closed (its listener, its connections, the seccomp listener),
-/// default signal dispositions and an empty signal mask.
+/// default signal dispositions and an empty signal mask (PID 1 blocks
+/// `SIGCHLD` for its signalfd; the sandbox's processes must not inherit
+/// that).
 fn prepare_leader(fds: &ChildFds) -> io::Result<()> {
     let check = |rc: libc::c_int| if rc == -1 { Err(io::Error::last_os_error()) } else { Ok(()) };
     // SAFETY: raw system calls on integers and on a valid, empty signal
@@ -464,7 +468,10 @@ fn level(access: PathAccess) -> Level {
 }
 
 fn serve(channel: &mut UnixStream) -> ! {
-    let mut stack = vec![0u8; CHILD_STACK_BYTES];
+    // Left uninitialised: zeroing it would make every page of it resident
+    // in every idle leader (64 KiB per sandbox); untouched, only the pages
+    // a child actually runs on ever cost memory.
+    let mut stack = Box::<[u8]>::new_uninit_slice(CHILD_STACK_BYTES);
     loop {
         let (order, fds) = match read_message_with_fds::<SpawnOrder>(channel) {
             Ok(Some(message)) => message,
@@ -529,7 +536,7 @@ fn spawn(
     channel: &UnixStream,
     order: &SpawnOrder,
     fds: &[OwnedFd],
-    stack: &mut [u8],
+    stack: &mut [MaybeUninit<u8>],
 ) -> Result<i32, (&'static str, io::Error)> {
     if !(3..=MAX_FDS).contains(&fds.len()) {
         return Err(("descriptors", io::Error::from_raw_os_error(libc::EINVAL)));

@@ -40,5 +40,21 @@ fn main() {
             vm::service_main()
         }
     }
+    one_malloc_arena();
     setup::run()
+}
+
+/// A container's PID 1 has a few threads (the seccomp supervisor, one
+/// per connection) and glibc would give each its own
+/// arena: a 64 MiB reservation apiece, each with a page of its own plus a
+/// page table to map it, in PID 1 and again in every leader forked from
+/// it. Its threads allocate little and rarely at once, so one shared
+/// arena costs no speed and saves those pages in every idle sandbox.
+fn one_malloc_arena() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: called before this process starts any thread; `mallopt`
+    // only sets a tunable of the allocator.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
 }

@@ -26,8 +26,9 @@ pub fn run(mut channel: SetupChannel, spec: BuildSpec, self_exe: OwnedFd, parent
     let built = build(&spec);
     wait_for_parent(parent_done);
     let built = built.and_then(|()| settle_fds(self_exe)).and_then(restrict);
-    let built = built.and_then(|(self_exe, events)| Ok((first_phase(self_exe, spec.phase)?, events)));
-    let (phases, events) = match built {
+    let built =
+        built.and_then(|(self_exe, children, events)| Ok((first_phase(self_exe, spec.phase)?, children, events)));
+    let ((phases, registry), children, events) = match built {
         Ok(ready) => ready,
         Err(e) => {
             let said = match e {
@@ -46,7 +47,7 @@ pub fn run(mut channel: SetupChannel, spec: BuildSpec, self_exe: OwnedFd, parent
         // left to tell it.
         sys::exit_now(1)
     }
-    serve::run(phases, events)
+    serve::run(phases, events, serve::Reaping { registry, children })
 }
 
 fn build(spec: &BuildSpec) -> Result<(), InitError> {
@@ -67,22 +68,26 @@ fn settle_fds(self_exe: OwnedFd) -> Result<OwnedFd, InitError> {
 }
 
 /// Last, once nothing but serving is left: from here on PID 1 and
-/// everything it starts run under the seccomp profile.
-fn restrict(self_exe: OwnedFd) -> Result<(OwnedFd, Arc<EventLog>), InitError> {
+/// everything it starts run under the seccomp profile. `SIGCHLD` is
+/// blocked (and its signalfd made) first, while PID 1 has no other thread,
+/// so every thread it starts has it blocked too (see `sys::child_exit_fd`).
+fn restrict(self_exe: OwnedFd) -> Result<(OwnedFd, OwnedFd, Arc<EventLog>), InitError> {
+    let children = sys::child_exit_fd().step(|| "step 4: signalfd(SIGCHLD)".into())?;
     let events = seccomp::start()?;
-    Ok((self_exe, events))
+    Ok((self_exe, children, events))
 }
 
 /// After the seccomp filter (so every leader, and every process it
-/// starts, runs under it): the reaper, and the first phase's leader.
-fn first_phase(self_exe: OwnedFd, rules: PhaseRules) -> Result<Arc<Phases>, InitError> {
-    let registry = Registry::start().step(|| "step 4: start the reaper".into())?;
+/// starts, runs under it): the registry PID 1's service loop reaps for,
+/// and the first phase's leader.
+fn first_phase(self_exe: OwnedFd, rules: PhaseRules) -> Result<(Arc<Phases>, Arc<Registry>), InitError> {
+    let registry = Registry::new();
     let name = rules.name.clone();
-    let phases = Phases::start(registry, self_exe, rules).map_err(|e| match e {
+    let phases = Phases::start(Arc::clone(&registry), self_exe, rules).map_err(|e| match e {
         StartError::Rejected(message) => InitError::PhaseRejected(message),
         StartError::Io(e) => InitError::Sys { step: format!("step 4: start phase `{name}`"), source: e },
     })?;
-    Ok(Arc::new(phases))
+    Ok((Arc::new(phases), registry))
 }
 
 /// Blocks until the forking parent has exited (its end of the pipe closes),

@@ -1,6 +1,11 @@
-//! PID 1 reaps every process that ends in the sandbox, with ONE thread:
+//! PID 1 reaps every process that ends in the sandbox, from ONE place:
 //! nothing else in init ever waits for a child (std's `Child::wait` would
-//! race it).
+//! race it). In a container that place is PID 1's service loop, woken by
+//! `SIGCHLD` through a signalfd ([`Registry::reap_exited`]): a thread of
+//! its own would cost every idle sandbox a task (a kernel stack, a
+//! `task_struct`, its stack's pages). A microVM's init, whose main thread
+//! serves a port rather than a listener, keeps the reaper thread
+//! ([`Registry::start`]).
 //!
 //! No status can go to the wrong exec, even with pid reuse:
 //! - an exec registers its pid while holding the registry lock, and holds
@@ -18,7 +23,7 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::mpsc::{self, Receiver, SyncSender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 
 use crate::sys;
 
@@ -90,6 +95,36 @@ impl Registry {
         Ok(registry)
     }
 
+    /// A registry without a reaper thread: the caller reaps, by calling
+    /// [`Registry::reap_exited`] whenever a child may have ended.
+    pub fn new() -> Arc<Registry> {
+        Arc::new(Registry::default())
+    }
+
+    /// Reaps every child that has exited by now, without blocking.
+    /// Returns `false` when one had to be left for later because a spawn
+    /// holds the lock (it may hold it while a stopped leader keeps it
+    /// waiting, and the caller's loop must stay free to accept): call
+    /// again shortly. The zombie keeps its pid from being reused meanwhile.
+    pub fn reap_exited(&self) -> bool {
+        loop {
+            match sys::exited_child_peek() {
+                Ok(Some(pid)) => {
+                    let inner = match self.inner.try_lock() {
+                        Ok(inner) => inner,
+                        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                        Err(TryLockError::WouldBlock) => return false,
+                    };
+                    Self::reap_locked(inner, pid);
+                }
+                Ok(None) => return true,
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                // Nothing sensible to do; the next SIGCHLD tries again.
+                Err(_) => return true,
+            }
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -140,7 +175,10 @@ impl Registry {
     }
 
     fn reap_one(&self, pid: i32) {
-        let mut inner = self.lock();
+        Self::reap_locked(self.lock(), pid)
+    }
+
+    fn reap_locked(mut inner: MutexGuard<'_, Inner>, pid: i32) {
         // ECHILD: std reaped a child whose exec failed, under our lock.
         let Ok(reaped) = sys::reap(pid) else { return };
         if let Some(waiter) = inner.waiters.remove(&pid) {

@@ -1,5 +1,7 @@
 //! PID 1's service loop: accept the host's connections on the inherited
-//! listener, one thread per connection.
+//! listener, one thread per connection, and reap every child that ends
+//! (woken by `SIGCHLD`, see `reaper`): an idle sandbox's PID 1 is this
+//! thread and the seccomp supervisor, nothing else.
 //!
 //! Only the host may talk to init. The listener's path lives in a host
 //! directory the sandbox cannot reach, and on top of that every peer must
@@ -9,7 +11,7 @@
 //! a control message.
 
 use std::io;
-use std::os::fd::{AsFd, FromRawFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,13 +22,18 @@ use crate::events::EventLog;
 use crate::exec::{self, Context};
 use crate::leader::StartError;
 use crate::phase::Phases;
+use crate::reaper::Registry;
 use crate::sys;
+use rustix::event::{PollFd, PollFlags};
 
 /// Stack of a connection thread: the pump keeps its buffers on the heap.
 const CONNECTION_STACK_BYTES: usize = 256 * 1024;
 /// How long the accept loop may block answering "busy" on a connection it
 /// cannot serve (the host reads promptly; this only bounds a stuck peer).
 const BUSY_ANSWER_TIMEOUT: Duration = Duration::from_millis(200);
+/// How soon to try again to reap a child whose reaping had to wait for a
+/// spawn in progress (see `Registry::reap_exited`).
+const REAP_RETRY: rustix::time::Timespec = rustix::time::Timespec { tv_sec: 0, tv_nsec: 5_000_000 };
 
 /// What every connection can reach.
 pub(crate) struct Shared {
@@ -40,7 +47,14 @@ impl Shared {
     }
 }
 
-pub fn run(phases: Arc<Phases>, events: Arc<EventLog>) -> ! {
+/// What PID 1's loop reaps for: the registry, and the signalfd that turns
+/// readable when a child has ended (`sys::child_exit_fd`).
+pub struct Reaping {
+    pub registry: Arc<Registry>,
+    pub children: OwnedFd,
+}
+
+pub fn run(phases: Arc<Phases>, events: Arc<EventLog>, reaping: Reaping) -> ! {
     // SAFETY: the host hands init fd LISTEN_FD as a listening unix socket
     // and nothing else in this process owns it; it is wrapped once, here.
     let listener = unsafe { UnixListener::from_raw_fd(LISTEN_FD) };
@@ -48,10 +62,32 @@ pub fn run(phases: Arc<Phases>, events: Arc<EventLog>) -> ! {
         sys::exit_now(1)
     }
     let ctx = Shared::new(phases, events);
+    // A leader may have ended before the loop began (its SIGCHLD waits in
+    // the signalfd, but there is no need to wait for the first poll).
+    let mut reaped_all = reaping.registry.reap_exited();
     loop {
-        match listener.accept() {
-            Ok((conn, _)) => admit(&ctx, conn),
-            Err(e) => wait_after_accept_error(&e),
+        let retry = (!reaped_all).then_some(&REAP_RETRY);
+        let mut fds = [PollFd::new(&listener, PollFlags::IN), PollFd::new(&reaping.children, PollFlags::IN)];
+        match rustix::event::poll(&mut fds, retry) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            // ENOMEM passes: back off as after a failed accept rather than
+            // spin (and end the sandbox, as there, on a broken descriptor).
+            Err(e) => {
+                wait_after_accept_error(&io::Error::from(e));
+                continue;
+            }
+        }
+        let (connection, child_ended) = (!fds[0].revents().is_empty(), !fds[1].revents().is_empty());
+        if child_ended || !reaped_all {
+            sys::drain_child_exit_fd(reaping.children.as_fd());
+            reaped_all = reaping.registry.reap_exited();
+        }
+        if connection {
+            match listener.accept() {
+                Ok((conn, _)) => admit(&ctx, conn),
+                Err(e) => wait_after_accept_error(&e),
+            }
         }
     }
 }

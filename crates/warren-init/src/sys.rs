@@ -52,6 +52,72 @@ pub fn wait_any_exited_peek() -> io::Result<i32> {
     Ok(unsafe { info.si_pid() })
 }
 
+/// Like [`wait_any_exited_peek`], without blocking: `None` when no child
+/// has exited (yet), or when there is no child at all.
+pub fn exited_child_peek() -> io::Result<Option<i32>> {
+    // SAFETY: an all-zero `siginfo_t` is a valid value of this plain C struct.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let flags = libc::WEXITED | libc::WNOWAIT | libc::WNOHANG | libc::__WALL;
+    // SAFETY: `info` is a valid, writable siginfo_t for the call's duration.
+    let rc = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, flags) };
+    if rc == -1 {
+        let err = io::Error::last_os_error();
+        return match err.raw_os_error() {
+            Some(libc::ECHILD) => Ok(None),
+            _ => Err(err),
+        };
+    }
+    // SAFETY: with WNOHANG, waitid leaves `info` zeroed when no child
+    // changed state, and otherwise fills the child-related fields.
+    let pid = unsafe { info.si_pid() };
+    Ok((pid != 0).then_some(pid))
+}
+
+/// Blocks `SIGCHLD` in the calling thread (and so in every thread it
+/// starts later) and returns a descriptor that becomes readable when one
+/// is pending: a child's end can then wake a `poll` loop.
+///
+/// Must run before the process has any other thread: a thread that does
+/// not block the signal could take it, and the descriptor would miss it.
+/// Every process forked from here must unblock it again (a leader does
+/// in `prepare_leader`; std's `Command` does on its own).
+pub fn child_exit_fd() -> io::Result<OwnedFd> {
+    // SAFETY: an all-zero `sigset_t` is valid storage; sigemptyset then
+    // initialises it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is valid and writable; the calls only read or write it
+    // and this thread's signal mask.
+    unsafe {
+        if libc::sigemptyset(&mut set) == -1 || libc::sigaddset(&mut set, libc::SIGCHLD) == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+    }
+    // SAFETY: `set` is a valid signal set; -1 asks for a new descriptor.
+    let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) };
+    if fd == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: signalfd just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Empties a [`child_exit_fd`]: the pending `SIGCHLD` only says "some
+/// child ended", and the caller then looks at every child.
+pub fn drain_child_exit_fd(fd: BorrowedFd<'_>) {
+    let mut buf = [0u8; std::mem::size_of::<libc::signalfd_siginfo>()];
+    loop {
+        match rustix::io::read(fd, &mut buf) {
+            Ok(n) if n > 0 => {}
+            Err(rustix::io::Errno::INTR) => {}
+            _ => return,
+        }
+    }
+}
+
 /// The wait status and resource usage of a reaped process.
 pub struct Reaped {
     pub status: i32,

@@ -142,6 +142,47 @@ fn closing_the_connection_kills_the_tree() {
     wait_until("only PID 1 is left", || sb.live_processes() == vec![sb.pid1]);
 }
 
+/// Threads of the process `pid` (host pid).
+fn threads(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count()
+}
+
+/// Host pids of `pid`'s children named `phase-leader`.
+fn leaders_of(pid: i32) -> Vec<i32> {
+    let mut children = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let list = std::fs::read_to_string(task.unwrap().path().join("children")).unwrap_or_default();
+        children.extend(list.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+    }
+    children
+        .into_iter()
+        .filter(|c| std::fs::read(format!("/proc/{c}/comm")).is_ok_and(|comm| comm == b"phase-leader\n"))
+        .collect()
+}
+
+/// What an idle sandbox costs the host is mostly per task: PID 1 reaps
+/// from its own loop, so it is two threads (that loop and the seccomp
+/// supervisor) and one leader, before and after execs, while still
+/// reaping every exec's process and every orphan.
+#[test]
+fn an_idle_sandbox_is_pid1_with_two_threads_and_one_leader() {
+    let sb = start_sandbox();
+    assert_eq!(threads(sb.pid1), 2, "PID 1's threads when idle");
+    let leaders = leaders_of(sb.pid1);
+    assert_eq!(leaders.len(), 1, "one phase leader: {leaders:?}");
+    assert_eq!(threads(leaders[0]), 1, "the leader's threads");
+    for code in 0..3 {
+        assert_eq!(sb.run(&["/bin/sh", "-c", &format!("exit {code}")]).exited.exit_code, Some(code));
+    }
+    // Orphans too: the reaper is no thread, yet nothing stays a zombie.
+    let out = sb.run(&["sh", "-c", "(sleep 0.2 >/dev/null 2>&1 &); exit 0"]);
+    assert_eq!(out.exited.exit_code, Some(0));
+    wait_until("the orphan is reaped", || sb.sandbox_pids() == vec![1]);
+    // The connection threads have ended: back to the idle shape.
+    wait_until("PID 1 is back to two threads", || threads(sb.pid1) == 2);
+    assert_eq!(leaders_of(sb.pid1), leaders, "the same leader still serves");
+}
+
 #[test]
 fn orphans_are_reaped_by_pid1() {
     let sb = start_sandbox();
