@@ -2,10 +2,8 @@
 //! from the same origin, with a verdict per step.
 
 use std::collections::HashMap;
-use std::pin::pin;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use warren_api::{
     CreateSandboxRequest, CreateSessionRequest, ExecRequest, NetworkPolicy, ReplayOutcome, ReplayReport, ReplayRequest,
     ReplayStep, SetPhaseRequest, StepKind, StepResult, StepState, TrajectoryOrigin, TrajectoryStep,
@@ -102,8 +100,7 @@ impl Node {
                 let result = match answer {
                     ExecAnswer::Logged(r) => *r,
                     ExecAnswer::Live(entry) => {
-                        let mut end = pin!(entry.stream(u64::MAX, u64::MAX, None));
-                        while end.next().await.is_some() {}
+                        entry.ended().await;
                         entry.result(true)
                     }
                 };
