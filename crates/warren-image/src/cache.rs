@@ -144,6 +144,9 @@ pub struct LayerStats {
     pub failed_prefetches: u64,
     /// Ranged GETs prefetching issued.
     pub prefetch_requests: u64,
+    /// Prefetch requests planned whose units are not yet written and
+    /// settled; 0 means every prefetch so far has landed (or failed).
+    pub prefetch_requests_in_flight: usize,
     /// Misses that also fetched the rest of the small file they fell in
     /// (see `PrefetchConfig::whole_file_bytes`), and the units they
     /// fetched beyond the reads' own (counted in `chunks_fetched` too).

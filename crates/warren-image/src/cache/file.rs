@@ -792,6 +792,7 @@ impl LayerFile {
             prefetched_units_used: load(&self.counters.prefetch_used),
             failed_prefetches: load(&self.counters.prefetch_failed),
             prefetch_requests: load(&self.counters.prefetch_requests),
+            prefetch_requests_in_flight: self.prefetch.requests_in_flight(),
             whole_file_fills: load(&self.counters.whole_file_fills),
             whole_file_units: load(&self.counters.whole_file_units),
             leases,

@@ -203,8 +203,8 @@ impl LayerPrefetch {
         self.closed.load(Ordering::Acquire)
     }
 
-    #[cfg(test)]
-    fn requests_in_flight(&self) -> usize {
+    /// Prefetch requests planned and not yet written and settled.
+    pub(crate) fn requests_in_flight(&self) -> usize {
         self.requests.load(Ordering::Acquire)
     }
 
