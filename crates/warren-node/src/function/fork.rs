@@ -420,14 +420,30 @@ pub(crate) fn fill(functions: &Arc<Functions>, pool: &Arc<FunctionPool>) {
     }
 }
 
-/// The request a leader reads.
+/// The request a leader passes to its child (as JSON), and the call's
+/// stdin, which the leader writes and which is sent raw beside the JSON.
 #[derive(Serialize)]
 pub(crate) struct ForkRequest {
     pub(crate) code: String,
     pub(crate) args: Vec<String>,
     pub(crate) env: BTreeMap<String, String>,
     pub(crate) cwd: String,
-    pub(crate) stdin_hex: String,
+    #[serde(skip)]
+    pub(crate) stdin: Vec<u8>,
+}
+
+impl ForkRequest {
+    /// A `C` frame's payload: the JSON's length (4 bytes big-endian), the
+    /// JSON, the stdin.
+    fn payload(&self) -> Result<Vec<u8>, String> {
+        let json = serde_json::to_vec(self).map_err(|e| e.to_string())?;
+        let len = u32::try_from(json.len()).map_err(|_| format!("a request of {} bytes", json.len()))?;
+        let mut out = Vec::with_capacity(4 + json.len() + self.stdin.len());
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(&json);
+        out.extend_from_slice(&self.stdin);
+        Ok(out)
+    }
 }
 
 /// A leader's exit report.
@@ -474,9 +490,9 @@ pub(crate) type Started = (ExecProcess, oneshot::Receiver<Reported>, oneshot::Re
 /// tree); the zygote comes back with the outcome once nothing of the call
 /// is left, which may be after the exit was reported.
 pub(crate) async fn start(zygote: Zygote, request: &ForkRequest) -> Result<Started, (Zygote, String)> {
-    let payload = match serde_json::to_vec(request) {
+    let payload = match request.payload() {
         Ok(p) => p,
-        Err(e) => return Err((zygote, e.to_string())),
+        Err(e) => return Err((zygote, e)),
     };
     if !zygote.send(b'C', &payload).await {
         return Err((zygote, "the fork server's channel is closed".into()));
@@ -629,6 +645,22 @@ mod tests {
             }
         }
         assert_eq!(got, [Frame::Stdout(Bytes::from_static(b"hello")), Frame::Exit(b"{}".to_vec()), Frame::Swept]);
+    }
+
+    #[test]
+    fn a_request_carries_its_stdin_raw_after_the_json() {
+        let request = ForkRequest {
+            code: "print(1)".into(),
+            args: vec!["a".into()],
+            env: BTreeMap::from([("HOME".to_string(), "/w".to_string())]),
+            cwd: "/w".into(),
+            stdin: b"\x00raw\xff".to_vec(),
+        };
+        let payload = request.payload().unwrap();
+        let len = u32::from_be_bytes(payload[..4].try_into().unwrap()) as usize;
+        let json: serde_json::Value = serde_json::from_slice(&payload[4..4 + len]).unwrap();
+        assert_eq!(json, serde_json::json!({"code": "print(1)", "args": ["a"], "env": {"HOME": "/w"}, "cwd": "/w"}));
+        assert_eq!(&payload[4 + len..], b"\x00raw\xff");
     }
 
     #[test]

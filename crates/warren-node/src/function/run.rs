@@ -117,8 +117,8 @@ impl Call {
         if !self.env_tmpdir {
             env.insert("TMPDIR".into(), self.cwd.clone());
         }
-        let stdin_hex = self.stdin.as_deref().unwrap_or_default().iter().map(|b| format!("{b:02x}")).collect();
-        Some(ForkRequest { code: code.clone(), args: args.clone(), env, cwd: self.cwd.clone(), stdin_hex })
+        let stdin = self.stdin.clone().unwrap_or_default();
+        Some(ForkRequest { code: code.clone(), args: args.clone(), env, cwd: self.cwd.clone(), stdin })
     }
 }
 
