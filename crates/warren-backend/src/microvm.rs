@@ -79,6 +79,13 @@ const FULL_BOOT_DEADLINE: Duration = Duration::from_secs(240);
 /// without it cannot boot.
 const SYSTEMD_PATHS: [&str; 2] = ["usr/lib/systemd/systemd", "lib/systemd/systemd"];
 const PING_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one ping waits while the guest boots. Its frames wait in
+/// QEMU's socket until init serves the port, and the guest answers them
+/// then however long ago they were sent: a ping given up and sent again
+/// only leaves the guest a stale stream to serve (three threads and an
+/// answer nobody reads) on its one vCPU just as the boot ends. Another
+/// goes only if this one is lost.
+const BOOT_PING_PATIENCE: Duration = Duration::from_secs(5);
 /// Memory QEMU itself needs beside the guest's (TCG's translation cache,
 /// device emulation, its own heap).
 pub const QEMU_OVERHEAD_MIB: u64 = 256;
@@ -884,15 +891,25 @@ async fn wait_ready(child: &mut Child, serial_sock: &Path, ctl_sock: &Path, limi
     let deadline = tokio::time::Instant::now() + limit;
     let mux = mux::start(serial_sock, ctl_sock, Duration::from_secs(10)).await?;
     loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(BackendError::Setup(format!("QEMU exited during boot ({status})")));
-        }
-        if channel::ping(ctl_sock, Duration::from_millis(500)).await {
-            return Ok(mux);
+        let patience = deadline.saturating_duration_since(tokio::time::Instant::now()).min(BOOT_PING_PATIENCE);
+        let started = tokio::time::Instant::now();
+        tokio::select! {
+            // Cancel-safe: a ping that ends first leaves the wait to the next round.
+            status = child.wait() => {
+                let status = status.map_err(|e| BackendError::io("wait for QEMU", e))?;
+                return Err(BackendError::Setup(format!("QEMU exited during boot ({status})")));
+            }
+            answered = channel::ping(ctl_sock, patience) => {
+                if answered {
+                    return Ok(mux);
+                }
+            }
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(BackendError::Setup(format!("the VM's init did not answer within {limit:?}")));
         }
+        // A ping refused at once (the mux lost QEMU's socket) is not retried in a spin.
+        tokio::time::sleep_until(started + Duration::from_millis(20)).await;
     }
 }
 

@@ -34,6 +34,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rustix::event::{PollFd, PollFlags};
+use rustix::fs::inotify::{CreateFlags, WatchFlags};
 use rustix::fs::{Mode, OFlags};
 use rustix::mount::{MountFlags, MountPropagationFlags};
 
@@ -49,6 +51,11 @@ use warren_init::proto::PhaseRules;
 const MODULES_DIR: &str = "/modules";
 /// How long the devices may take to appear after their drivers loaded.
 const DEVICE_WAIT: Duration = Duration::from_secs(20);
+/// How often to look for them without a new device node to wake on (a
+/// sysfs attribute such as the port's name can lag its node).
+const DEVICE_POLL: Duration = Duration::from_millis(20);
+/// [`DEVICE_POLL`] as `poll` takes it.
+const DEVICE_POLL_TS: rustix::time::Timespec = rustix::time::Timespec { tv_sec: 0, tv_nsec: 20_000_000 };
 const NEW_ROOT: &str = "/newroot";
 /// Serial of the writable disk; layer `i`'s is `wl<i>`.
 const RW_SERIAL: &str = "wrw";
@@ -234,6 +241,11 @@ struct Devices {
 
 fn wait_for_devices(layers: usize) -> Result<Devices, InitError> {
     let started = Instant::now();
+    // devtmpfs makes each node as its device appears: look again as soon as
+    // one does, not at the next tick (a missing watch leaves the tick).
+    let watch = rustix::fs::inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
+        .and_then(|fd| rustix::fs::inotify::add_watch(&fd, "/dev", WatchFlags::CREATE).map(|_| fd))
+        .ok();
     loop {
         if let Some(found) = find_devices(layers) {
             return Ok(found);
@@ -243,7 +255,14 @@ fn wait_for_devices(layers: usize) -> Result<Devices, InitError> {
                 "the disks ({layers} layers + writable) and the control port did not appear within {DEVICE_WAIT:?}"
             )));
         }
-        std::thread::sleep(Duration::from_millis(20));
+        match &watch {
+            Some(fd) => {
+                let _ = rustix::event::poll(&mut [PollFd::new(fd, PollFlags::IN)], Some(&DEVICE_POLL_TS));
+                let mut events = [0u8; 1024];
+                while matches!(rustix::io::read(fd, &mut events), Ok(n) if n > 0) {}
+            }
+            None => std::thread::sleep(DEVICE_POLL),
+        }
     }
 }
 
