@@ -4,9 +4,12 @@
 # (`backend: "microvm"`: QEMU -M microvm, warren-init as PID 1) on the same
 # image, kernel and guest size, over Warren's HTTP API; beside them a
 # microVM and a full VM restored from a snapshot (a second server with
-# `--vm-snapshots on`) and a bare QEMU -M microvm boot of the same kernel and initramfs to
-# a trivial init (`warren.probe`: init powers the VM off as soon as it
-# runs; QEMU start to exit), and writes bench/results/<YYYY-MM-DD>-vm-boot.md.
+# `--vm-snapshots on`) and two bare QEMU -M microvm boots of the same
+# kernel, QEMU start to exit: one of the driver's initramfs told
+# `warren.probe` (warren-init powers the VM off as soon as it runs), one
+# of a trivial init (a 9 KiB initramfs of a static program that only
+# powers the VM off: issue 6's comparison); writes
+# bench/results/<YYYY-MM-DD>-vm-boot.md.
 #
 # Usage: bench/vm-boot.sh [--no-full-vm] [SAMPLES]   (default 5 per backend; needs root)
 #   --no-full-vm    skip the full VM (`vm`, cold and snapshot): microVM and bare only
@@ -37,19 +40,23 @@ BIN=${WARREN_BIN:-$PWD/target/release/warren}
 ROOTFS=/var/cache/warren/vm-systemd-rootfs
 MEMORY_MIB=512
 OUT=${VM_BOOT_OUT:-bench/results/$(date -u +%Y-%m-%d)-vm-boot.md}
-LABELS="microvm vm snapshot vmsnapshot bare"
+LABELS="microvm vm snapshot vmsnapshot bare trivial"
 SNAP_LABELS="snapshot vmsnapshot"
-if [ $FULL_VM = 0 ]; then LABELS="microvm snapshot bare" SNAP_LABELS=snapshot; fi
+if [ $FULL_VM = 0 ]; then LABELS="microvm snapshot bare trivial" SNAP_LABELS=snapshot; fi
 
 [ "$(id -u)" -eq 0 ] || { echo "vm-boot.sh: needs root" >&2; exit 1; }
 [ -x "$BIN" ] || { echo "vm-boot.sh: no $BIN (cargo build --release -p warren -p warren-init)" >&2; exit 1; }
 [ -x "$(dirname "$BIN")/warren-init" ] || { echo "vm-boot.sh: no warren-init beside $BIN" >&2; exit 1; }
+for tool in cc cpio; do
+    command -v $tool >/dev/null || { echo "vm-boot.sh: needs $tool (for the trivial init)" >&2; exit 1; }
+done
 WARREN_IMAGE_PACKAGES=systemd-sysv,procps scripts/make-default-image.sh "$ROOTFS" >&2
 
 DATA=$(mktemp -d /tmp/warren-vm-boot.XXXXXX)
 SNAP_DATA=$(mktemp -d /tmp/warren-vm-snap.XXXXXX)
 INSTANCE=wb-vm-$$
 SAMPLES_FILE=$DATA.samples
+TRIVIAL=$DATA.trivial
 SERVER=""
 SNAP_SERVER=""
 URL=""
@@ -70,7 +77,7 @@ stop_server() { # <pid> <url>
 cleanup() {
     stop_server "$SERVER" "$URL"
     stop_server "$SNAP_SERVER" "$SNAP_URL"
-    rm -rf "$DATA" "$SNAP_DATA" "$SAMPLES_FILE" "$DATA.log" "$SNAP_DATA.log"
+    rm -rf "$DATA" "$SNAP_DATA" "$SAMPLES_FILE" "$DATA.log" "$SNAP_DATA.log" "$TRIVIAL"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -124,20 +131,38 @@ sample() {
     echo "$label $((t1 - t0)) $((t2 - t1)) $(echo "$info" | jq -r '.boot // "-"')"
 }
 
-# QEMU -M microvm with the driver's kernel and initramfs, init told to
-# power off at once; prints "bare <ms> 0 cold". The guest is told the
+# The trivial init: powers the VM off (reboot(2) with
+# LINUX_REBOOT_CMD_POWER_OFF) and nothing else; without libc, so the
+# initramfs is one 9 KiB file.
+mkdir -p "$TRIVIAL/root"
+cat >"$TRIVIAL/init.c" <<'EOF'
+void _start(void) {
+    long ret;
+    __asm__ volatile("syscall" : "=a"(ret) : "a"(169), "D"(0xfee1dead), "S"(672274793), "d"(0x4321fedc)
+                     : "rcx", "r11", "memory");
+    for (;;) __asm__ volatile("syscall" : "=a"(ret) : "a"(34) : "rcx", "r11", "memory");
+}
+EOF
+cc -static -nostdlib -Os -s -o "$TRIVIAL/root/init" "$TRIVIAL/init.c"
+(cd "$TRIVIAL/root" && echo init | cpio --quiet -o -H newc) >"$TRIVIAL/initramfs.cpio"
+
+# QEMU -M microvm with the driver's kernel, booting <label>'s initramfs:
+# `bare` the driver's (its init told to power off at once), `trivial` the
+# trivial init's; prints "<label> <ms> 0 cold". The guest is told the
 # host's TSC rate as the driver tells it (read from /proc/cpuinfo here).
 KERNEL=$(ls /boot/vmlinuz-*-cloud-amd64 | sort | tail -n 1)
 TSC_KHZ=$(awk '/cpu MHz/ {printf "%d", $4 * 1000; exit}' /proc/cpuinfo)
 bare() {
+    initrd=$DATA/vm/.initramfs.cpio
+    [ "$1" = bare ] || initrd=$TRIVIAL/initramfs.cpio
     t0=$(now_ms)
     qemu-system-x86_64 -M microvm,pit=off,pic=off,rtc=on,isa-serial=on -accel tcg,tb-size=64 -cpu max \
         -m $MEMORY_MIB -smp 1 -nodefaults -no-user-config -display none -no-reboot \
-        -kernel "$KERNEL" -initrd "$DATA/vm/.initramfs.cpio" \
+        -kernel "$KERNEL" -initrd "$initrd" \
         -append "console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check tsc_early_khz=$TSC_KHZ lpj=$((TSC_KHZ * 4)) warren.probe" \
-        >/dev/null 2>&1 </dev/null || { echo "vm-boot.sh: the bare QEMU boot failed" >&2; exit 1; }
+        >/dev/null 2>&1 </dev/null || { echo "vm-boot.sh: the $1 QEMU boot failed" >&2; exit 1; }
     t1=$(now_ms)
-    echo "bare $((t1 - t0)) 0 cold"
+    echo "$1 $((t1 - t0)) 0 cold"
 }
 
 LOAD_AT_START=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -157,7 +182,10 @@ done
 n=1
 while [ $n -le "$SAMPLES" ]; do
     for label in $LABELS; do
-        if [ "$label" = bare ]; then s=$(bare); else s=$(sample "$label"); fi
+        case $label in
+        bare | trivial) s=$(bare "$label") ;;
+        *) s=$(sample "$label") ;;
+        esac
         echo "vm-boot.sh: sample $n: $s" >&2
         if [ "${label%snapshot}" != "$label" ] && [ "$(echo "$s" | cut -d' ' -f4)" != snapshot ]; then
             echo "vm-boot.sh: a create on the snapshot server booted cold:" >&2
@@ -174,6 +202,15 @@ stats() {
     backend=$1 what=$2
     awk -v b="$backend" -v w="$what" '$1 == b { v = (w == "create") ? $2 : (w == "exec") ? $3 : $2 + $3; print v }' \
         "$SAMPLES_FILE" | sort -n | awk '{ a[NR] = $1 } END { m = int((NR + 1) / 2); printf "%d / %d / %d", a[m], a[1], a[NR] }'
+}
+
+# The lowest and highest ratio of a turn's microVM cold boot to first exec
+# to the same turn's bare boot <label> (the samples file holds the turns
+# in order, one line per backend and turn).
+turn_ratios() {
+    awk -v b="$1" '$1 == "microvm" { c[++nc] = $2 + $3 } $1 == b { r[++nb] = $2 }
+        END { for (i = 1; i <= nc && i <= nb; i++) { x = c[i] / r[i]; if (i == 1 || x < lo) lo = x; if (i == 1 || x > hi) hi = x }
+              printf "%.2f-%.2fx", lo, hi }' "$SAMPLES_FILE"
 }
 
 {
@@ -197,10 +234,12 @@ stats() {
     echo "| \`microvm\` restored from a snapshot (\`--vm-snapshots on\`) | $(stats snapshot create) | $(stats snapshot exec) | $(stats snapshot total) |"
     [ $FULL_VM = 0 ] || echo "| \`vm\` restored from a snapshot (\`--vm-snapshots on\`) | $(stats vmsnapshot create) | $(stats vmsnapshot exec) | $(stats vmsnapshot total) |"
     echo "| bare \`qemu -M microvm\`, same kernel and initramfs, init powers off at once (QEMU start to exit) | $(stats bare create) | - | $(stats bare total) |"
+    echo "| bare \`qemu -M microvm\`, same kernel, a trivial init (9 KiB initramfs) that powers off (QEMU start to exit) | $(stats trivial create) | - | $(stats trivial total) |"
     echo
     cold=$(stats microvm total | cut -d' ' -f1)
     snap=$(stats snapshot total | cut -d' ' -f1)
     bare=$(stats bare total | cut -d' ' -f1)
+    trivial=$(stats trivial total | cut -d' ' -f1)
     full=""
     if [ $FULL_VM = 1 ]; then
         vmcold=$(stats vm total | cut -d' ' -f1)
@@ -209,7 +248,9 @@ stats() {
     fi
     echo "Medians: snapshot restore to first exec / cold boot to first exec =" \
         "$(awk -v s="$snap" -v c="$cold" 'BEGIN { printf "%.2f", s / c }')x (target <= 0.2x),$full" \
-        "cold boot to first exec / bare boot = $(awk -v c="$cold" -v b="$bare" 'BEGIN { printf "%.2f", c / b }')x (target <= 1.1x)."
+        "cold boot to first exec / bare boot of a trivial init = $(awk -v c="$cold" -v b="$trivial" 'BEGIN { printf "%.2f", c / b }')x" \
+        "(target <= 1.1x; per turn $(turn_ratios trivial)), / bare boot of the same initramfs =" \
+        "$(awk -v c="$cold" -v b="$bare" 'BEGIN { printf "%.2f", c / b }')x (per turn $(turn_ratios bare))."
     echo
     if [ $FULL_VM = 1 ]; then
         echo "What the full VM adds: SeaBIOS and the q35 machine's devices, then"
@@ -226,7 +267,9 @@ stats() {
     echo "loading the stopped guest's migration stream (\`-incoming fd:3\`), the"
     echo "mux, \`cont\`, then init's \`Identify\` (hostname, entropy and CRNG reseed,"
     echo "clock). The bare boot is the floor a cold boot cannot go below: the"
-    echo "kernel and init's start, without disks, modules or the agent."
+    echo "kernel and init's start, without disks, modules or the agent; the"
+    echo "trivial init's is the same without unpacking warren-init and the"
+    echo "modules (issue 6's comparison)."
 } >"$OUT"
 echo "vm-boot.sh: wrote $OUT" >&2
 cat "$OUT"
