@@ -160,6 +160,20 @@ pub trait ChunkSource: Send + Sync {
         })?;
         split_pieces(layer, first, count, run)
     }
+
+    /// The access trace stored for `layer` (see `cache::trace`), `None`
+    /// when there is none. A trace is only a hint of which fetch units to
+    /// bring early: every unit it names is still verified against the
+    /// manifest before use. A source without traces has none.
+    async fn fetch_trace(&self, _layer: &LayerManifest) -> Result<Option<Bytes>, BlobError> {
+        Ok(None)
+    }
+
+    /// Stores `trace` as `layer`'s access trace, replacing any earlier
+    /// one. A source without traces drops it.
+    async fn put_trace(&self, _layer: &LayerManifest, _trace: Bytes) -> Result<(), BlobError> {
+        Ok(())
+    }
 }
 
 /// The chunk holding pieces `first..first + count` and their byte range in
@@ -820,6 +834,16 @@ impl BlobStore {
             self.delete_key(&meta.location).await?;
             report.bytes_freed += meta.size;
         }
+        // Access traces go with the last layer of their digest.
+        for meta in self.list_keys("traces/sha256").await? {
+            let digest =
+                meta.location.filename().and_then(|f| f.strip_suffix(".json")).map(|hex| format!("sha256:{hex}"));
+            if digest.is_some_and(|d| report.kept_layer_digests.contains(&d)) {
+                continue;
+            }
+            self.delete_key(&meta.location).await?;
+            report.bytes_freed += meta.size;
+        }
         Ok(report)
     }
 
@@ -869,6 +893,23 @@ impl ChunkSource for BlobStore {
 
     async fn fetch_pieces(&self, layer: &LayerManifest, first: usize, count: usize) -> Result<Vec<Bytes>, BlobError> {
         BlobStore::fetch_pieces(self, layer, first, count).await
+    }
+
+    async fn fetch_trace(&self, layer: &LayerManifest) -> Result<Option<Bytes>, BlobError> {
+        let key = trace_key(&layer.digest)?;
+        match self.get_bytes(&key, || format!("access trace of {}", layer.id())).await {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(BlobError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn put_trace(&self, layer: &LayerManifest, trace: Bytes) -> Result<(), BlobError> {
+        let key = trace_key(&layer.digest)?;
+        self.store.put(&key, PutPayload::from_bytes(trace)).await.map(|_| ()).map_err(|source| BlobError::Store {
+            context: format!("storing the access trace of {}", layer.id()),
+            source,
+        })
     }
 }
 
@@ -978,6 +1019,11 @@ fn chunk_key(digest: &str) -> Result<StorePath, BlobError> {
 
 fn metadata_key(digest: &str) -> Result<StorePath, BlobError> {
     Ok(StorePath::from(format!("metadata/sha256/{}", digest_hex(digest)?)))
+}
+
+/// By layer digest: every version that names the same bytes shares it.
+fn trace_key(digest: &str) -> Result<StorePath, BlobError> {
+    Ok(StorePath::from(format!("traces/sha256/{}.json", digest_hex(digest)?)))
 }
 
 fn layer_key(name: &str, version: &str) -> StorePath {

@@ -36,6 +36,7 @@ mod holder;
 mod mount;
 mod prefetch;
 mod readers;
+mod trace;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
@@ -57,9 +58,12 @@ use error::IoContext;
 pub use error::{CacheError, Result};
 use fanotify::Group;
 use file::{owned_file_hex, LayerFile};
+use futures_util::StreamExt;
 pub use holder::{holder_main, HolderCommand, HOLDER_ARG, HOLDER_CONTROL_FD, HOLDER_GROUP_FD};
 use holder::{Adopted, Holder};
-pub use prefetch::{PrefetchConfig, DEFAULT_PREFETCH_KB, DEFAULT_PREFETCH_REQUESTS, DEFAULT_WHOLE_FILE_KB};
+pub use prefetch::{
+    PrefetchConfig, DEFAULT_PREFETCH_KB, DEFAULT_PREFETCH_REQUESTS, DEFAULT_TRACE_REQUESTS, DEFAULT_WHOLE_FILE_KB,
+};
 pub use readers::ReaderStats;
 use readers::Readers;
 
@@ -152,6 +156,17 @@ pub struct LayerStats {
     /// fetched beyond the reads' own (counted in `chunks_fetched` too).
     pub whole_file_fills: u64,
     pub whole_file_units: u64,
+    /// Units fetched before mounting because the layer's stored access
+    /// trace named them (counted in `chunks_fetched` too), their bytes,
+    /// and those refused (fetch failed or digest mismatch; left missing).
+    pub trace_units_replayed: u64,
+    pub trace_bytes_replayed: u64,
+    pub failed_trace_units: u64,
+    /// Units in this node's access trace of the layer (the replayed trace
+    /// and what readers asked for since), and how many times this node
+    /// stored it.
+    pub traced_units: u64,
+    pub traces_published: u64,
     pub leases: usize,
     pub mounted: bool,
 }
@@ -238,7 +253,7 @@ impl LayerCache {
         let inner = &self.inner;
         let (file, created) = match inner.claim(hex, manifest)? {
             Claimed::Leased => return Ok(inner.lease(hex)),
-            Claimed::OnDisk(file) => match self.prefill(&file).await {
+            Claimed::OnDisk(file) => match self.prepare(&file, false).await {
                 Ok(()) => (file, false),
                 Err(e) => {
                     inner.abandon(hex, false);
@@ -266,8 +281,90 @@ impl LayerCache {
     /// writes through the file's own descriptor raise no events yet.
     async fn create(&self, manifest: &LayerManifest) -> Result<Arc<LayerFile>> {
         let file = Arc::new(LayerFile::create(&self.inner.dir, manifest)?);
-        self.prefill(&file).await?;
+        self.prepare(&file, true).await?;
         Ok(file)
+    }
+
+    /// What must happen before a layer file is marked and mounted: its
+    /// metadata made local and, for a layer new on this node (`replay`),
+    /// the units its stored access trace names fetched (see `trace`), the
+    /// trace's fetch alongside the metadata's. A layer found on disk holds
+    /// what this node read before; its trace only seeds the log, so what
+    /// this node publishes stays the union.
+    async fn prepare(&self, file: &Arc<LayerFile>, replay: bool) -> Result<()> {
+        let (prefilled, trace) = tokio::join!(self.prefill(file), self.fetch_trace(file));
+        prefilled?;
+        match trace {
+            Some(units) if replay => self.replay_trace(file, &units).await,
+            Some(units) => file.seed_trace(&units),
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// The layer's stored access trace, if traces are on and one is stored
+    /// and readable (a bad one is logged and ignored: it is only a hint).
+    async fn fetch_trace(&self, file: &Arc<LayerFile>) -> Option<Vec<usize>> {
+        if self.inner.shared.prefetch.trace_requests == 0 {
+            return None;
+        }
+        let manifest = file.manifest();
+        let bytes = match self.inner.shared.source.fetch_trace(manifest).await {
+            Ok(bytes) => bytes?,
+            Err(e) => {
+                tracing::warn!(layer = file.hex(), error = %e, "cannot read the layer's access trace");
+                return None;
+            }
+        };
+        let units = manifest.fetch_unit_digests().len();
+        match trace::decode(&bytes, manifest.fetch_unit_size(), units) {
+            Ok(units) => Some(units),
+            Err(reason) => {
+                tracing::warn!(layer = file.hex(), %reason, "ignoring the layer's access trace");
+                None
+            }
+        }
+    }
+
+    /// Fetches the missing units of `units` (a trace, in its order) with up
+    /// to `trace_requests` ranged GETs in flight, checks each and writes it
+    /// (the file is not marked yet). Failures leave units missing, for the
+    /// reads that need them to fetch on demand.
+    async fn replay_trace(&self, file: &Arc<LayerFile>, units: &[usize]) {
+        file.seed_trace(units);
+        // The mount waits for all of it, so the order does not matter;
+        // ascending, neighbours share a GET.
+        let mut wanted = file.missing_of(units);
+        wanted.sort_unstable();
+        if wanted.is_empty() {
+            return;
+        }
+        let manifest = Arc::clone(file.manifest());
+        let source = Arc::clone(&self.inner.shared.source);
+        let runs = daemon::piece_runs(&manifest, &wanted);
+        let stored: usize = futures_util::stream::iter(runs)
+            .map(|(first, count)| {
+                let (file, source, manifest) = (Arc::clone(file), Arc::clone(&source), Arc::clone(&manifest));
+                async move {
+                    let fetched = if manifest.piece_size.is_some() {
+                        source.fetch_pieces(&manifest, first, count).await
+                    } else {
+                        source.fetch_chunk(&manifest, first).await.map(|bytes| vec![bytes])
+                    };
+                    let fetched = fetched.map_err(|e| e.to_string());
+                    // Hashing and writing up to a chunk: off the runtime.
+                    tokio::task::spawn_blocking(move || file.store_replayed(first, count, fetched)).await.unwrap_or(0)
+                }
+            })
+            .buffer_unordered(self.inner.shared.prefetch.trace_requests)
+            .fold(0, |total, stored| async move { total + stored })
+            .await;
+        tracing::debug!(
+            layer = file.hex(),
+            traced = units.len(),
+            fetched = stored,
+            "replayed the layer's access trace"
+        );
     }
 
     /// Makes the layer's metadata local: its metadata blob, or for a
@@ -748,7 +845,29 @@ impl Inner {
         if let Some(entry) = table.entries.get_mut(hex) {
             entry.leases = entry.leases.saturating_sub(1);
             entry.last_used = now;
+            if entry.leases == 0 {
+                if let Some(file) = &entry.file {
+                    self.publish_trace(file);
+                }
+            }
         }
+    }
+
+    /// Stores the layer's access trace in the background when this node
+    /// recorded units the stored one lacks (see `trace`). Failing costs the
+    /// next node's cold start only, so it is logged and dropped.
+    fn publish_trace(&self, file: &Arc<LayerFile>) {
+        if self.shared.prefetch.trace_requests == 0 {
+            return;
+        }
+        let Some(trace) = file.take_trace() else { return };
+        let (file, source) = (Arc::clone(file), Arc::clone(&self.shared.source));
+        self.shared.runtime.spawn(async move {
+            match source.put_trace(file.manifest(), bytes::Bytes::from(trace)).await {
+                Ok(()) => file.count_trace_published(),
+                Err(e) => tracing::warn!(layer = file.hex(), error = %e, "cannot store the layer's access trace"),
+            }
+        });
     }
 
     fn shutdown(&self, daemon: Option<Daemon>) -> Result<()> {

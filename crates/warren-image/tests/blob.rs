@@ -507,6 +507,14 @@ async fn garbage_collection_removes_only_what_no_image_or_lease_needs() {
     assert_eq!(names, ["one", "two"]);
     let chunks_before = count_files(&objects.join("chunks/sha256"));
     assert_eq!(count_files(&objects.join("metadata/sha256")), 2);
+    // Access traces are stored by layer digest and read back as stored.
+    assert!(store.fetch_trace(&b_manifest).await.unwrap().is_none(), "no trace yet");
+    let trace = bytes::Bytes::from_static(br#"{"version":1,"unit_size":16384,"runs":[[3,2]]}"#);
+    store.put_trace(&b_manifest, trace.clone()).await.unwrap();
+    assert_eq!(store.fetch_trace(&b_manifest).await.unwrap(), Some(trace));
+    let a_manifest = store.get_layer_manifest("a", "1").await.unwrap();
+    store.put_trace(&a_manifest, bytes::Bytes::from_static(b"{}")).await.unwrap();
+    assert_eq!(count_files(&objects.join("traces/sha256")), 2);
 
     let report = store.collect_garbage(&none).await.unwrap();
     assert_eq!((report.layers_removed, report.chunks_removed, report.bytes_freed), (0, 0, 0));
@@ -523,6 +531,8 @@ async fn garbage_collection_removes_only_what_no_image_or_lease_needs() {
     assert_eq!(report.chunks_removed as usize, chunks_before - count_files(&objects.join("chunks/sha256")));
     assert!(report.chunks_removed > 0 && report.bytes_freed > 400_000, "{report:?}");
     assert!(matches!(store.get_layer_manifest("b", "1").await, Err(BlobError::NotFound(_))));
+    assert!(store.fetch_trace(&b_manifest).await.unwrap().is_none(), "the removed layer's trace went with it");
+    assert!(store.fetch_trace(&a_manifest).await.unwrap().is_some(), "a kept layer's trace stays");
     // What image `one` needs is all still there.
     let a_manifest = store.get_layer_manifest("a", "1").await.unwrap();
     assert_eq!(count_files(&objects.join("metadata/sha256")), 1);

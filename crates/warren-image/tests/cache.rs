@@ -24,6 +24,7 @@ use sha2::{Digest, Sha256};
 use warren_image::blob::{BlobError, ChunkSource};
 use warren_image::cache::{
     holder_main, CacheConfig, CacheError, HolderCommand, LayerCache, PrefetchConfig, DEFAULT_READAHEAD_KB,
+    DEFAULT_TRACE_REQUESTS,
 };
 use warren_image::layer::{LayerManifest, LayerRole, MetadataBlobRef};
 use warren_image::metablob;
@@ -255,6 +256,8 @@ struct TestSource {
     corrupt_blob: Mutex<bool>,
     /// `(layer digest, first piece, count)` of every piece request.
     piece_runs: Mutex<Vec<(String, usize, usize)>>,
+    /// Stored access traces by layer digest.
+    traces: Mutex<HashMap<String, Bytes>>,
     /// Pieces served with one byte flipped (not verified here: the cache
     /// must catch them).
     corrupt_pieces: Mutex<HashSet<usize>>,
@@ -351,6 +354,15 @@ impl ChunkSource for TestSource {
                 Bytes::from(bytes)
             })
             .collect())
+    }
+
+    async fn fetch_trace(&self, layer: &LayerManifest) -> Result<Option<Bytes>, BlobError> {
+        Ok(self.traces.lock().unwrap().get(&layer.digest).cloned())
+    }
+
+    async fn put_trace(&self, layer: &LayerManifest, trace: Bytes) -> Result<(), BlobError> {
+        self.traces.lock().unwrap().insert(layer.digest.clone(), trace);
+        Ok(())
     }
 
     async fn fetch_metadata_blob(&self, layer: &LayerManifest) -> Result<Bytes, BlobError> {
@@ -1697,4 +1709,95 @@ async fn a_corrupt_piece_of_a_small_file_is_refused_and_only_its_reads_fail() {
     assert_eq!(read(&lease.mount_path().join(other)).unwrap(), layer.files[other]);
     drop(lease);
     cache.shutdown().await.unwrap();
+}
+
+/// Demand fills only (no stream prefetch, no whole files), traces on.
+fn traced_config(fx: &Fixture) -> CacheConfig {
+    let prefetch = PrefetchConfig { trace_requests: DEFAULT_TRACE_REQUESTS, ..PrefetchConfig::off() };
+    CacheConfig { prefetch, ..fx.config(1 << 30) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_node_replays_the_access_trace_before_mounting_and_a_bad_piece_stays_missing() {
+    let fx = Fixture::new();
+    let layer = with_pieces(build_layer("traced", layer_files(51, 12)));
+    let source = TestSource::with(&[&layer]);
+    let (read_a, read_b, unread) = ("data/file003", "data/file008", "data/file005");
+
+    // The first node reads two files; releasing the layer stores its trace.
+    let cache = LayerCache::open_with(traced_config(&fx), source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    assert_eq!(cache.stats()[0].trace_units_replayed, 0, "no trace was stored yet");
+    for name in [read_a, read_b] {
+        assert_eq!(read(&lease.mount_path().join(name)).unwrap(), layer.files[name], "{name}");
+    }
+    let demanded: BTreeSet<usize> = source.pieces_fetched(&layer).into_iter().collect();
+    drop(lease);
+    eventually("the trace to be stored", || cache.stats()[0].traces_published == 1).await;
+    assert!(source.traces.lock().unwrap().contains_key(&layer.manifest.digest));
+    cache.shutdown().await.unwrap();
+
+    // A new node: empty cache directory, same store. One piece under a
+    // file the trace names is served corrupt.
+    fs::remove_dir_all(fx.cache_dir()).unwrap();
+    source.piece_runs.lock().unwrap().clear();
+    let bad = *layer.pieces_of(read_a).iter().nth(3).unwrap();
+    assert!(demanded.contains(&bad));
+    *source.corrupt_pieces.lock().unwrap() = HashSet::from([bad]);
+    let cache = LayerCache::open_with(traced_config(&fx), source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+
+    // Before any read: what the first node's reads needed was fetched,
+    // nothing of the unread file, in fewer requests than pieces.
+    let replayed: BTreeSet<usize> = source.pieces_fetched(&layer).into_iter().collect();
+    assert_eq!(replayed, demanded, "the replay fetched what the first node's reads fetched");
+    assert!(replayed.is_disjoint(&layer.pieces_of(unread)));
+    let requests = source.piece_runs.lock().unwrap().len();
+    assert!(requests < replayed.len(), "neighbouring pieces share a request: {requests} for {}", replayed.len());
+    let stats = cache.stats()[0].clone();
+    assert_eq!(stats.trace_units_replayed as usize, replayed.len() - 1, "{stats:?}");
+    assert_eq!(stats.failed_trace_units, 1, "{stats:?}");
+    let (offset, len) = layer.manifest.fetch_unit_extent(bad).unwrap();
+    assert!(is_hole(lease.file_path(), offset, len), "the corrupt piece's bytes reached the layer file");
+    assert_eq!(bitmap_of(&fx, &layer)[bad], 0);
+
+    // The traced files read with no request but the bad piece's, which
+    // fails closed while the store serves it corrupt.
+    source.piece_runs.lock().unwrap().clear();
+    assert_eq!(read(&lease.mount_path().join(read_b)).unwrap(), layer.files[read_b]);
+    assert!(source.pieces_fetched(&layer).is_empty(), "a traced file was fetched again");
+    assert_eq!(read_errno(&lease.mount_path().join(read_a)), Some(libc::EIO));
+    source.corrupt_pieces.lock().unwrap().clear();
+    assert_eq!(read(&lease.mount_path().join(read_a)).unwrap(), layer.files[read_a]);
+    assert!(source.pieces_fetched(&layer).iter().all(|&p| p == bad), "only the bad piece was fetched again");
+
+    // Nothing new was read: releasing stores nothing.
+    drop(lease);
+    assert!(cache.stats()[0].traced_units as usize >= replayed.len());
+    assert_eq!(cache.stats()[0].traces_published, 0);
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_for_other_pieces_or_a_garbled_one_is_ignored() {
+    let fx = Fixture::new();
+    let layer = with_pieces(build_layer("badtrace", layer_files(52, 4)));
+    let source = TestSource::with(&[&layer]);
+    let units = layer.manifest.pieces.len();
+    for trace in [
+        format!(r#"{{"version":1,"unit_size":{},"runs":[[0,4]]}}"#, PIECE * 2),
+        format!(r#"{{"version":1,"unit_size":{PIECE},"runs":[[{units},1]]}}"#),
+        "garbage".to_owned(),
+    ] {
+        source.traces.lock().unwrap().insert(layer.manifest.digest.clone(), Bytes::from(trace.clone()));
+        let _ = fs::remove_dir_all(fx.cache_dir());
+        let cache = LayerCache::open_with(traced_config(&fx), source.clone()).await.unwrap();
+        let lease = cache.acquire(&layer.manifest).await.unwrap();
+        assert!(source.pieces_fetched(&layer).is_empty(), "{trace}: the acquire fetched pieces");
+        let name = "data/file001";
+        assert_eq!(read(&lease.mount_path().join(name)).unwrap(), layer.files[name]);
+        drop(lease);
+        cache.shutdown().await.unwrap();
+        source.piece_runs.lock().unwrap().clear();
+    }
 }

@@ -37,6 +37,7 @@ use sha2::{Digest, Sha256};
 
 use super::error::{CacheError, IoContext, Result};
 use super::prefetch::{Budget, LayerPrefetch};
+use super::trace::TraceLog;
 use super::LayerStats;
 use crate::layer::{digest_hex, LayerManifest};
 
@@ -92,6 +93,10 @@ struct Counters {
     prefetch_requests: AtomicU64,
     whole_file_fills: AtomicU64,
     whole_file_units: AtomicU64,
+    trace_units: AtomicU64,
+    trace_bytes: AtomicU64,
+    trace_failed: AtomicU64,
+    traces_published: AtomicU64,
 }
 
 /// What one fill event cost, for attributing it to its reader.
@@ -134,6 +139,8 @@ pub(crate) struct LayerFile {
     /// set once the layer's metadata is local, before it is marked; unset
     /// (misses fetch only their own units) if that could not be read.
     files: OnceLock<Vec<Range<u64>>>,
+    /// The units readers asked for, for the layer's access trace.
+    trace: Mutex<TraceLog>,
 }
 
 impl LayerFile {
@@ -192,6 +199,7 @@ impl LayerFile {
             marks.iter().map(|&m| if m == 1 { ChunkState::Present } else { ChunkState::Missing }).collect();
         let present = states.iter().filter(|s| **s == ChunkState::Present).count();
         let prefetched = vec![false; states.len()];
+        let units = states.len();
         let meta_pages = if manifest.metadata_blob.is_some() { manifest.metadata_pages() } else { Vec::new() };
         Ok(Self {
             manifest: Arc::new(manifest),
@@ -210,6 +218,7 @@ impl LayerFile {
             counters: Counters::default(),
             prefetch: Arc::default(),
             files: OnceLock::new(),
+            trace: Mutex::new(TraceLog::new(units)),
         })
     }
 
@@ -438,6 +447,7 @@ impl LayerFile {
         outcome.bytes_accessed += end - offset;
         let unit = self.manifest.fetch_unit_size();
         let span = chunk_index(offset, unit)..=chunk_index(end - 1, unit);
+        self.trace_log().record(span.clone());
         // Chunks whose part of the range is all metadata pages already here.
         let covered: Vec<usize> = span
             .clone()
@@ -525,10 +535,11 @@ impl LayerFile {
                         }
                     }
                 }
-                for index in span {
+                for index in span.clone() {
                     used += u64::from(std::mem::take(&mut chunks.prefetched[index]));
                 }
             }
+            self.trace_log().record(span);
             self.counters.prefetch_used.fetch_add(used, Ordering::Relaxed);
             self.counters.bytes_accessed.fetch_add(end - offset, Ordering::Relaxed);
             outcome.bytes_accessed = end - offset;
@@ -549,6 +560,77 @@ impl LayerFile {
             start + len
         });
         reach.min(end).saturating_sub(offset)
+    }
+
+    fn trace_log(&self) -> MutexGuard<'_, TraceLog> {
+        self.trace.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts the access trace with the one a replay fetched (see `trace`).
+    pub(crate) fn seed_trace(&self, units: &[usize]) {
+        self.trace_log().seed(units);
+    }
+
+    /// The trace to publish, if this node recorded units beyond the stored
+    /// one.
+    pub(crate) fn take_trace(&self) -> Option<Vec<u8>> {
+        self.trace_log().take_unpublished(self.manifest.fetch_unit_size())
+    }
+
+    pub(crate) fn count_trace_published(&self) {
+        self.counters.traces_published.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The units of `units` not present yet, in the same order.
+    pub(crate) fn missing_of(&self, units: &[usize]) -> Vec<usize> {
+        let chunks = self.lock();
+        units.iter().copied().filter(|&i| chunks.states.get(i) == Some(&ChunkState::Missing)).collect()
+    }
+
+    /// Checks and stores units `first..first + count` that a trace replay
+    /// fetched, before the file is marked, through the file's own
+    /// descriptor (no mark, so no event). A unit that fails its check, or
+    /// that came with no bytes, stays missing for a read to fetch on
+    /// demand; returns how many were stored.
+    pub(crate) fn store_replayed(&self, first: usize, count: usize, fetched: Result<Vec<Bytes>, String>) -> usize {
+        let pieces = match fetched {
+            Ok(pieces) if pieces.len() == count => pieces,
+            Ok(pieces) => {
+                tracing::warn!(layer = %self.hex, first, count, got = pieces.len(), "a trace replay got the wrong number of units");
+                self.counters.trace_failed.fetch_add(u64::try_from(count).unwrap_or(0), Ordering::Relaxed);
+                return 0;
+            }
+            Err(reason) => {
+                tracing::warn!(layer = %self.hex, first, count, %reason, "a trace replay fetch failed; reads will fetch on demand");
+                self.counters.trace_failed.fetch_add(u64::try_from(count).unwrap_or(0), Ordering::Relaxed);
+                return 0;
+            }
+        };
+        let mut stored = 0;
+        for (index, bytes) in (first..first + count).zip(pieces) {
+            if self.lock().states.get(index) != Some(&ChunkState::Missing) {
+                continue;
+            }
+            self.count_fetched(&bytes);
+            let written = self.check_chunk(index, &bytes).and_then(|()| {
+                let (offset, _) = self.extent(index);
+                self.file.write_all_at(&bytes, offset).map_err(|source| FillError::Write { index, source })
+            });
+            match written {
+                Ok(()) => {
+                    self.counters.trace_units.fetch_add(1, Ordering::Relaxed);
+                    let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+                    self.counters.trace_bytes.fetch_add(len, Ordering::Relaxed);
+                    self.set_state(index, ChunkState::Present);
+                    stored += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(layer = %self.hex, error = %e, "a replayed unit refused; a read will fetch it again");
+                    self.counters.trace_failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        stored
     }
 
     pub(crate) fn prefetch_state(&self) -> &Arc<LayerPrefetch> {
@@ -795,6 +877,11 @@ impl LayerFile {
             prefetch_requests_in_flight: self.prefetch.requests_in_flight(),
             whole_file_fills: load(&self.counters.whole_file_fills),
             whole_file_units: load(&self.counters.whole_file_units),
+            trace_units_replayed: load(&self.counters.trace_units),
+            trace_bytes_replayed: load(&self.counters.trace_bytes),
+            failed_trace_units: load(&self.counters.trace_failed),
+            traced_units: u64::try_from(self.trace_log().len()).unwrap_or(u64::MAX),
+            traces_published: load(&self.counters.traces_published),
             leases,
             mounted,
         }

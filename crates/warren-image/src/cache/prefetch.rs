@@ -50,6 +50,9 @@ pub const DEFAULT_PREFETCH_KB: u32 = 64;
 pub const DEFAULT_WHOLE_FILE_KB: u32 = 256;
 /// Default bound on prefetch requests (ranged GETs) in flight per layer.
 pub const DEFAULT_PREFETCH_REQUESTS: usize = 4;
+/// Default bound on the ranged GETs in flight while a layer's access trace
+/// is replayed (see `trace`).
+pub const DEFAULT_TRACE_REQUESTS: usize = 8;
 /// The window ahead on a stream's second event, in fetch units.
 pub(crate) const INITIAL_WINDOW_UNITS: usize = 2;
 /// Streams remembered per layer (the least recently advanced one goes).
@@ -75,6 +78,10 @@ pub struct PrefetchConfig {
     /// request (pieced layers only); 0 turns it off. Larger files keep
     /// the per-window fetch and the stream prefetch.
     pub whole_file_bytes: u64,
+    /// Ranged GETs in flight while a layer's stored access trace is
+    /// replayed before it is mounted; 0 turns traces off (none is replayed,
+    /// recorded or published).
+    pub trace_requests: usize,
 }
 
 impl Default for PrefetchConfig {
@@ -83,13 +90,14 @@ impl Default for PrefetchConfig {
             max_ahead_bytes: u64::from(DEFAULT_PREFETCH_KB) * 1024,
             max_requests: DEFAULT_PREFETCH_REQUESTS,
             whole_file_bytes: u64::from(DEFAULT_WHOLE_FILE_KB) * 1024,
+            trace_requests: DEFAULT_TRACE_REQUESTS,
         }
     }
 }
 
 impl PrefetchConfig {
     pub fn off() -> Self {
-        Self { max_ahead_bytes: 0, max_requests: 0, whole_file_bytes: 0 }
+        Self { max_ahead_bytes: 0, max_requests: 0, whole_file_bytes: 0, trace_requests: 0 }
     }
 
     /// The window bound in fetch units of `unit` bytes (0: off).
