@@ -4,6 +4,7 @@
 use std::ffi::{c_char, CString};
 use std::fs;
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
@@ -27,7 +28,9 @@ use crate::{BackendError, Result};
 const SCRATCH_FD: i32 = 10;
 
 /// `clone3` flags (linux/sched.h); the libc crate lacks some of them.
+const CLONE_VM: u64 = 0x100;
 const CLONE_PIDFD: u64 = 0x1000;
+const CLONE_VFORK: u64 = 0x4000;
 const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
@@ -204,32 +207,50 @@ fn open_files_limit(open_files: u32) -> Result<Option<libc::rlimit>> {
     Ok(Some(libc::rlimit { rlim_cur: n, rlim_max: n }))
 }
 
+/// The stack the child runs on between `clone3` and `execve`: it shares
+/// this process's memory (`CLONE_VM`), so it cannot use the caller's. The
+/// caller is suspended until the child has exec'd or exited
+/// (`CLONE_VFORK`), so one per spawn is enough and it is free again when
+/// `clone3` returns.
+const CHILD_STACK_BYTES: usize = 64 * 1024;
+
 /// `clone3` into the cgroup2 directory, with a pidfd; the child runs
 /// [`child_main`]. Returns once the child has exec'd (or failed to: its
 /// report arrives on a close-on-exec pipe, as with `std::process`).
+///
+/// `CLONE_VM | CLONE_VFORK`, as `posix_spawn` does, not a fork: a fork of
+/// the server copies the page tables of its whole heap and every thread's
+/// stack, which the exec throws away at once, and leaves the server to
+/// take a copy-on-write fault for each of those pages it writes next.
 fn clone_init(program: &CString, fds: &ChildFds) -> io::Result<FirstInit> {
     let argv: [*const c_char; 2] = [c"warren-init".as_ptr(), std::ptr::null()];
     let envp: [*const c_char; 1] = [std::ptr::null()];
     let (report_rx, report_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let mut stack: Vec<MaybeUninit<u8>> = Vec::with_capacity(CHILD_STACK_BYTES);
+    // The stack grows down from its top, which must be 16-byte aligned.
+    let base = stack.as_mut_ptr() as u64;
+    let top = (base + CHILD_STACK_BYTES as u64) & !15;
     let mut pidfd: RawFd = -1;
-    let args = CloneArgs {
-        flags: CLONE_PIDFD | CLONE_CLEAR_SIGHAND | CLONE_INTO_CGROUP,
+    let mut args = CloneArgs {
+        flags: CLONE_VM | CLONE_VFORK | CLONE_PIDFD | CLONE_CLEAR_SIGHAND | CLONE_INTO_CGROUP,
         pidfd: &mut pidfd as *mut RawFd as u64,
         exit_signal: libc::SIGCHLD as u64,
+        stack: base,
+        stack_size: top - base,
         cgroup: fds.unified_dir as u64,
         ..CloneArgs::default()
     };
-    // SAFETY: without CLONE_VM the child gets a copy of this address space
-    // and continues on (a copy of) this stack, like fork(2). The child only
-    // runs `child_main`, which makes async-signal-safe system calls on data
-    // prepared above and never returns. `args` and `pidfd` outlive the call.
-    let rc = unsafe { libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>()) };
-    if rc == 0 {
-        // SAFETY: this is the child; see child_main's contract.
-        unsafe { child_main(program, &argv, &envp, fds, report_tx.as_raw_fd()) }
-    }
+    let child = ChildArgs { program, argv: &argv, envp: &envp, fds, report: report_tx.as_raw_fd() };
+    // SAFETY: the child shares this address space, runs on `stack` (which
+    // outlives the call) and this thread is suspended until it has exec'd
+    // or exited. It only runs `child_entry`, which reads `child` (alive
+    // until the call returns) and makes async-signal-safe system calls on
+    // it; its signal handlers are reset (CLONE_CLEAR_SIGHAND), so none of
+    // ours runs on the shared memory. `args` and `pidfd` outlive the call.
+    let rc = unsafe { clone3_with_entry(&mut args, child_entry, &child) };
+    drop(stack);
     if rc < 0 {
-        return Err(io::Error::last_os_error());
+        return Err(io::Error::from_raw_os_error(-rc as i32));
     }
     // SAFETY: with CLONE_PIDFD the kernel stored a new descriptor (close-on-
     // exec) that nothing else owns.
@@ -263,14 +284,107 @@ fn read_report(pipe: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
     Ok(got)
 }
 
+/// What the child reads from the caller's memory.
+struct ChildArgs<'a> {
+    program: &'a CString,
+    argv: &'a [*const c_char; 2],
+    envp: &'a [*const c_char; 1],
+    fds: &'a ChildFds,
+    /// Where it reports a failed step (close-on-exec).
+    report: RawFd,
+}
+
+/// The child's first frame, on its own stack.
+extern "C" fn child_entry(args: *const ChildArgs<'_>) -> ! {
+    // SAFETY: `clone_init` passes a pointer to its live `ChildArgs` and
+    // stays suspended (CLONE_VFORK) until this child has exec'd or exited;
+    // this is the child, as child_main requires.
+    unsafe {
+        let args = &*args;
+        child_main(args.program, args.argv, args.envp, args.fds, args.report)
+    }
+}
+
+/// `clone3(args)` whose child calls `entry(child)` on the stack `args`
+/// names and never returns; the parent gets the child's pid or `-errno`.
+/// `libc::syscall` cannot start such a child: it would return into the
+/// caller's frames on a stack that is not theirs.
+///
+/// # Safety
+/// `args` must name a stack the child may use, and `entry` must never
+/// return; everything `child` points to must stay valid until the child
+/// has exec'd or exited.
+#[cfg(target_arch = "x86_64")]
+unsafe fn clone3_with_entry(
+    args: &mut CloneArgs,
+    entry: extern "C" fn(*const ChildArgs<'_>) -> !,
+    child: *const ChildArgs<'_>,
+) -> i64 {
+    let rc: i64;
+    // SAFETY: the caller's contract. r12 and r13 survive the system call
+    // in both processes; the child starts with rsp at the top of its stack
+    // (16-byte aligned, so the `call` leaves the ABI's alignment), clears
+    // the frame pointer so nothing unwinds into the parent's frames, and
+    // never comes back from `entry`.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "xor ebp, ebp",
+            "mov rdi, r12",
+            "call r13",
+            "ud2",
+            "2:",
+            inlateout("rax") libc::SYS_clone3 => rc,
+            in("rdi") args as *mut CloneArgs,
+            in("rsi") std::mem::size_of::<CloneArgs>(),
+            in("r12") child,
+            in("r13") entry,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    rc
+}
+
+/// Elsewhere, without the assembly: a fork-like child on a copy of this
+/// stack (slower, the same otherwise).
+///
+/// # Safety
+/// As for the x86_64 version.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn clone3_with_entry(
+    args: &mut CloneArgs,
+    entry: extern "C" fn(*const ChildArgs<'_>) -> !,
+    child: *const ChildArgs<'_>,
+) -> i64 {
+    args.flags &= !(CLONE_VM | CLONE_VFORK);
+    args.stack = 0;
+    args.stack_size = 0;
+    // SAFETY: without CLONE_VM the child gets a copy of this address space
+    // and continues on (a copy of) this stack, like fork(2), straight into
+    // `entry`, which never returns.
+    let rc = unsafe { libc::syscall(libc::SYS_clone3, args as *mut CloneArgs, std::mem::size_of::<CloneArgs>()) };
+    if rc == 0 {
+        entry(child)
+    }
+    if rc < 0 {
+        return -i64::from(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL));
+    }
+    rc
+}
+
 /// The child between `clone3` and `execve`: joins the v1 cgroups, puts the
 /// descriptors in place, clears the signal mask and execs init. On failure
 /// it writes `(step, errno)` to `report` and exits 127.
 ///
 /// # Safety
-/// Only in the child of [`clone_init`]: a copy of a multi-threaded process,
-/// in which another thread may have held any lock, so only raw system calls
-/// on the prepared data are allowed - no allocation, no drop.
+/// Only in the child of [`clone_init`]: it shares the memory of a
+/// multi-threaded process, in which another thread may hold any lock, so
+/// only raw system calls on the prepared data are allowed - no allocation,
+/// no drop.
 unsafe fn child_main(
     program: &CString,
     argv: &[*const c_char; 2],
