@@ -267,6 +267,8 @@ def main() -> int:
                     help="only the cold runs and their fetched bytes (no warm/hot/plain/eager timings)")
     ap.add_argument("--no-plain", action="store_true",
                     help="skip the plain-directory comparison (it needs ~2.2 GB more disk)")
+    ap.add_argument("--no-trace", action="store_true",
+                    help="skip the cold run that replays the first cold run's access trace")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     for layer in ("base", "toolkit", "workspace"):
@@ -313,7 +315,10 @@ def main() -> int:
             importer.call("POST", "/v1/images", {"name": "lb-dir", "dir": str(merged)})
             shutil.rmtree(merged)
 
+        traces = work / "s3" / BUCKET / "traces"
         for label, workload in WORKLOADS:
+            # Cold without a trace: no earlier workload's trace may help.
+            shutil.rmtree(traces, ignore_errors=True)
             node = Node(work, f"cold-{len(rows)}", s3, node_args)
             try:
                 drop_page_cache()
@@ -329,6 +334,18 @@ def main() -> int:
                     hot = start_run(node, "lb", workload)
             finally:
                 node.close()
+            # Cold on another new node, with the trace the first one stored
+            # when its sandbox's layers were released (see docs/images.md,
+            # "Access traces").
+            traced = traced_fetched = None
+            if not args.no_trace and any(traces.rglob("*.json")):
+                node = Node(work, f"traced-{len(rows)}", s3, node_args)
+                try:
+                    drop_page_cache()
+                    traced = start_run(node, "lb", workload)
+                    traced_fetched, _ = layer_fetched(node)
+                finally:
+                    node.close()
             if args.fetched_only or args.no_plain:
                 plain_warm = plain_hot = None
             else:
@@ -337,9 +354,12 @@ def main() -> int:
                 plain_hot = start_run(importer, "lb-dir", workload)
             rows.append({"workload": label, "cold": cold, "warm": warm, "hot": hot, "fetched": fetched,
                          "prefill": prefill, "store": store, "prefetch": prefetch,
+                         "traced": traced, "traced_fetched": traced_fetched,
                          "plain_warm": plain_warm, "plain_hot": plain_hot})
             print(f"{label}: cold {cold['secs']:.2f}s warm {warm['secs']:.2f}s hot {hot['secs']:.2f}s "
-                  f"fetched {fetched / image_bytes:.1%}", flush=True)
+                  f"fetched {fetched / image_bytes:.1%}"
+                  + (f" traced cold {traced['secs']:.2f}s fetched {traced_fetched / image_bytes:.1%}" if traced else ""),
+                  flush=True)
         if args.fetched_only:
             notes["eager_fetch_secs"], notes["eager_bytes"] = float("nan"), 0
         else:
@@ -391,7 +411,8 @@ def render(args, rows, notes) -> str:
         + (f" --piece-size-bytes {args.piece_size_bytes}" if args.piece_size_bytes is not None else "")
         + (f" --readahead-kb {args.readahead_kb}" if args.readahead_kb is not None else "")
         + (" --fetched-only" if args.fetched_only else "")
-        + (" --no-plain" if args.no_plain else "") + "`",
+        + (" --no-plain" if args.no_plain else "")
+        + (" --no-trace" if args.no_trace else "") + "`",
         f"- chunk size: {args.chunk_size_bytes or 1 << 20} bytes; piece size: "
         + ("none (whole chunks)" if args.piece_size_bytes == 0 else f"{args.piece_size_bytes or 16 << 10} bytes")
         + "; layer mount readahead: "
@@ -423,6 +444,24 @@ def render(args, rows, notes) -> str:
             + (f"| {r['plain_warm']['secs']:.2f} s | {r['warm']['secs'] / r['plain_warm']['secs']:.2f} "
                f"| {r['plain_hot']['secs']:.2f} s |" if r["plain_warm"] else "| - | - | - |")
         )
+    traced_rows = [r for r in rows if r["traced"]]
+    if traced_rows:
+        lines += [
+            "",
+            "Cold with an access trace: a second new node (empty layer cache, page cache dropped) whose layers "
+            "replay the trace the first cold node stored (see `docs/images.md`, \"Access traces\").",
+            "",
+            "| workload | fetched (of image), trace replay included | cold, no trace | cold, trace | eager (fetch + warm) "
+            "| cold / eager, no trace | cold / eager, trace |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in traced_rows:
+            eager_total = eager + r["warm"]["secs"]
+            lines.append(
+                f"| {r['workload']} | {r['traced_fetched'] / 1e6:.0f} MB ({r['traced_fetched'] / image_bytes:.1%}) "
+                f"| {r['cold']['secs']:.2f} s | {r['traced']['secs']:.2f} s | {eager_total:.2f} s "
+                f"| {r['cold']['secs'] / eager_total:.2f} | {r['traced']['secs'] / eager_total:.2f} |"
+            )
     lines += [
         "",
         "Targets (issue 3): fetched <= 10% for pytest; cold <= 0.2x eager; warm <= 1.05x plain directories.",
