@@ -4,10 +4,12 @@
 //! is checked against recently deleted ones: a quarter of the server's CPU
 //! in a create loop), on a tmpfs a few microseconds.
 //!
-//! The tmpfs is mounted by the first create and goes with the last
-//! sandbox directory (or when a sweep or the driver's release finds none
-//! left), so nothing is mounted there while no sandbox exists. It is only ever
-//! mounted over an empty directory: a run directory that still holds
+//! The tmpfs is mounted by the first create and stays while the driver
+//! lives: it goes when the driver's release (the server's stop) or a
+//! sweep (every start) finds no sandbox directory left on it. Unmounting
+//! it with the last sandbox cost a mount and an unmount (and two reads of
+//! the directory) in every cycle of a create-use-delete loop. It is only
+//! ever mounted over an empty directory: a run directory that still holds
 //! sandboxes on the host's filesystem (from an older server) is used as it
 //! is until they are gone.
 
@@ -64,25 +66,10 @@ impl RunDir {
         fs::DirBuilder::new().mode(0o711).create(dir)
     }
 
-    /// Removes the (empty) sandbox directory `dir`. The last one goes with
-    /// the tmpfs itself, in one step: nobody ever sees the run directory
-    /// without sandboxes but with the tmpfs still mounted.
+    /// Removes the (empty) sandbox directory `dir`; the tmpfs stays for
+    /// the next create (see [`RunDir::release_if_empty`]).
     pub(crate) fn remove_sandbox_dir(&self, dir: &Path) -> io::Result<()> {
-        let mut mounted = self.lock();
-        if *mounted && is_empty(dir)? && self.holds_only(dir)? {
-            unmount(&self.path, UnmountFlags::NOFOLLOW | UnmountFlags::DETACH)?;
-            *mounted = false;
-            return Ok(());
-        }
         fs::remove_dir(dir)
-    }
-
-    /// Whether `dir` is the one entry of the run directory.
-    fn holds_only(&self, dir: &Path) -> io::Result<bool> {
-        let mut entries = fs::read_dir(&self.path)?;
-        let first = entries.next().transpose()?;
-        Ok(first.is_some_and(|entry| Some(entry.file_name().as_os_str()) == dir.file_name())
-            && entries.next().is_none())
     }
 
     /// Unmounts the tmpfs if no sandbox directory is left on it.
@@ -131,6 +118,12 @@ fn is_our_tmpfs(path: &Path) -> Result<bool> {
 mod tests {
     use super::*;
 
+    /// How many mounts sit right at `path`.
+    fn mounts_at(path: &Path) -> usize {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        mountinfo.lines().filter(|line| line.split(' ').nth(4) == Some(path.to_str().unwrap())).count()
+    }
+
     /// Detaches whatever a failed test left mounted at the run dir.
     struct Unmount(PathBuf);
     impl Drop for Unmount {
@@ -140,7 +133,7 @@ mod tests {
     }
 
     #[test]
-    fn the_tmpfs_comes_with_the_first_sandbox_dir_and_goes_with_the_last() {
+    fn the_tmpfs_comes_with_the_first_sandbox_dir_and_goes_when_released_empty() {
         let tmp = tempfile::tempdir().unwrap();
         let run = tmp.path().join("run");
         fs::create_dir(&run).unwrap();
@@ -157,16 +150,20 @@ mod tests {
         assert!(is_our_tmpfs(&run).unwrap(), "sandbox dirs are left: keep it");
 
         run_dir.remove_sandbox_dir(&run.join("a")).unwrap();
-        assert!(is_our_tmpfs(&run).unwrap(), "one sandbox dir is left: keep it");
         run_dir.remove_sandbox_dir(&run.join("b")).unwrap();
-        assert!(!is_our_tmpfs(&run).unwrap());
+        assert!(is_our_tmpfs(&run).unwrap(), "the next create finds it mounted");
         assert!(is_empty(&run).unwrap());
-
-        // A sweep that finds the tmpfs empty removes it too.
+        // The next sandbox dir goes on the same tmpfs, without a new mount.
         run_dir.make_sandbox_dir(&run.join("c")).unwrap();
-        fs::remove_dir(run.join("c")).unwrap();
+        assert!(is_our_tmpfs(&run).unwrap());
+        assert_eq!(mounts_at(&run), 1);
+        run_dir.remove_sandbox_dir(&run.join("c")).unwrap();
+
+        // The release (or a sweep) that finds it empty removes it.
         run_dir.release_if_empty().unwrap();
         assert!(!is_our_tmpfs(&run).unwrap());
+        assert!(is_empty(&run).unwrap());
+        assert_eq!(mounts_at(&run), 0);
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub(crate) struct Remains {
     pub(crate) layout: Layout,
     pub(crate) cgroup: SandboxCgroup,
     pub(crate) pid1: Option<ProcessId>,
-    /// Where the sandbox directory lives (it goes with the last sandbox).
+    /// Where the sandbox directory lives.
     pub(crate) run_dir: std::sync::Arc<RunDir>,
 }
 
