@@ -40,6 +40,7 @@ import platform
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -269,6 +270,8 @@ def main() -> int:
                     help="skip the plain-directory comparison (it needs ~2.2 GB more disk)")
     ap.add_argument("--no-trace", action="store_true",
                     help="skip the cold run that replays the first cold run's access trace")
+    ap.add_argument("--warm-pairs", type=int, default=0,
+                    help="N more warm-node and hot runs per workload, each beside a plain-directory one (median, spread)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     for layer in ("base", "toolkit", "workspace"):
@@ -332,6 +335,17 @@ def main() -> int:
                     drop_page_cache()
                     warm = start_run(node, "lb", workload)
                     hot = start_run(node, "lb", workload)
+                pairs = []
+                if args.warm_pairs and not (args.fetched_only or args.no_plain):
+                    # Lazy and plain in turns, so both see the same load.
+                    for _ in range(args.warm_pairs):
+                        drop_page_cache()
+                        lw = start_run(node, "lb", workload)["secs"]
+                        lh = start_run(node, "lb", workload)["secs"]
+                        drop_page_cache()
+                        pw = start_run(importer, "lb-dir", workload)["secs"]
+                        ph = start_run(importer, "lb-dir", workload)["secs"]
+                        pairs.append((lw, pw, lh, ph))
             finally:
                 node.close()
             # Cold on another new node, with the trace the first one stored
@@ -354,7 +368,7 @@ def main() -> int:
                 plain_hot = start_run(importer, "lb-dir", workload)
             rows.append({"workload": label, "cold": cold, "warm": warm, "hot": hot, "fetched": fetched,
                          "prefill": prefill, "store": store, "prefetch": prefetch,
-                         "traced": traced, "traced_fetched": traced_fetched,
+                         "traced": traced, "traced_fetched": traced_fetched, "pairs": pairs,
                          "plain_warm": plain_warm, "plain_hot": plain_hot})
             print(f"{label}: cold {cold['secs']:.2f}s warm {warm['secs']:.2f}s hot {hot['secs']:.2f}s "
                   f"fetched {fetched / image_bytes:.1%}"
@@ -390,6 +404,11 @@ def prefill_text(prefill: dict) -> str:
     return " + ".join(parts) or "none"
 
 
+def spread(values, unit: str) -> str:
+    v = sorted(values)
+    return f"{statistics.median(v):.2f}{unit} [{v[0]:.2f} - {v[-1]:.2f}]"
+
+
 def fmt_load(load) -> str:
     return " ".join(f"{x:.1f}" for x in load)
 
@@ -412,7 +431,8 @@ def render(args, rows, notes) -> str:
         + (f" --readahead-kb {args.readahead_kb}" if args.readahead_kb is not None else "")
         + (" --fetched-only" if args.fetched_only else "")
         + (" --no-plain" if args.no_plain else "")
-        + (" --no-trace" if args.no_trace else "") + "`",
+        + (" --no-trace" if args.no_trace else "")
+        + (f" --warm-pairs {args.warm_pairs}" if args.warm_pairs else "") + "`",
         f"- chunk size: {args.chunk_size_bytes or 1 << 20} bytes; piece size: "
         + ("none (whole chunks)" if args.piece_size_bytes == 0 else f"{args.piece_size_bytes or 16 << 10} bytes")
         + "; layer mount readahead: "
@@ -451,7 +471,8 @@ def render(args, rows, notes) -> str:
             "Cold with an access trace: a second new node (empty layer cache, page cache dropped) whose layers "
             "replay the trace the first cold node stored (see `docs/images.md`, \"Access traces\").",
             "",
-            "| workload | fetched (of image), trace replay included | cold, no trace | cold, trace | eager (fetch + warm) "
+            "| workload | fetched (of image), trace replay included | cold, no trace (create + exec) "
+            "| cold, trace (create, replay included, + exec) | eager (fetch + warm) "
             "| cold / eager, no trace | cold / eager, trace |",
             "|---|---|---|---|---|---|---|",
         ]
@@ -459,8 +480,27 @@ def render(args, rows, notes) -> str:
             eager_total = eager + r["warm"]["secs"]
             lines.append(
                 f"| {r['workload']} | {r['traced_fetched'] / 1e6:.0f} MB ({r['traced_fetched'] / image_bytes:.1%}) "
-                f"| {r['cold']['secs']:.2f} s | {r['traced']['secs']:.2f} s | {eager_total:.2f} s "
+                f"| {r['cold']['secs']:.2f} s ({r['cold']['create_secs']:.2f} + {r['cold']['exec_secs']:.2f}) "
+                f"| {r['traced']['secs']:.2f} s ({r['traced']['create_secs']:.2f} + {r['traced']['exec_secs']:.2f}) "
+                f"| {eager_total:.2f} s "
                 f"| {r['cold']['secs'] / eager_total:.2f} | {r['traced']['secs'] / eager_total:.2f} |"
+            )
+    paired = [r for r in rows if r.get("pairs")]
+    if paired:
+        lines += [
+            "",
+            f"Warm-node and hot against plain directories, {len(paired[0]['pairs'])} pairs per workload taken in turns "
+            "(page cache dropped, lazy warm + hot, page cache dropped, plain warm + hot): median [min - max].",
+            "",
+            "| workload | lazy warm | plain warm | warm / plain, per pair | lazy hot | plain hot | hot / plain, per pair |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in paired:
+            ps = r["pairs"]
+            lines.append(
+                f"| {r['workload']} | {spread([p[0] for p in ps], 's')} | {spread([p[1] for p in ps], 's')} "
+                f"| {spread([p[0] / p[1] for p in ps], '')} | {spread([p[2] for p in ps], 's')} "
+                f"| {spread([p[3] for p in ps], 's')} | {spread([p[2] / p[3] for p in ps], '')} |"
             )
     lines += [
         "",
