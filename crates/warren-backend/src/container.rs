@@ -76,6 +76,8 @@ pub struct ContainerDriver {
     config: ContainerConfig,
     run_dir: Arc<RunDir>,
     slots: SlotBook,
+    /// Each sandbox's connection to init between two execs.
+    idle: Arc<channel::IdleConnections>,
 }
 
 impl ContainerDriver {
@@ -97,7 +99,7 @@ impl ContainerDriver {
         become_subreaper()?;
         let slots = SlotBook::new(config.run_dir.clone(), config.uid_base_start);
         let run_dir = Arc::new(RunDir::new(config.run_dir.clone())?);
-        Ok(ContainerDriver { config, run_dir, slots })
+        Ok(ContainerDriver { config, run_dir, slots, idle: Arc::default() })
     }
 
     fn layout(&self, id: &str) -> Layout {
@@ -274,11 +276,14 @@ impl Driver for ContainerDriver {
 
     async fn exec(&self, handle: &SandboxHandle, spec: ExecSpec) -> Result<ExecProcess> {
         let _ = self.state(handle)?;
-        channel::start_exec(&self.layout(&handle.id).ctl_sock(), spec, self.cgroup(&handle.id)?).await
+        let reuse = channel::Reuse { idle: Arc::clone(&self.idle), sandbox: handle.id.clone() };
+        channel::start_exec_reusing(&self.layout(&handle.id).ctl_sock(), spec, self.cgroup(&handle.id)?, Some(reuse))
+            .await
     }
 
     async fn destroy(&self, handle: &SandboxHandle) -> Result<()> {
         check_id(&handle.id)?;
+        self.idle.forget(&handle.id);
         let layout = self.layout(&handle.id);
         let pid1 = self.state(handle).ok().or_else(|| HandleState::load(&layout)).map(|s| s.pid1);
         let cgroup = self.cgroup(&handle.id)?;

@@ -79,23 +79,39 @@ pub struct Context {
     pub phases: std::sync::Arc<Phases>,
 }
 
-/// Runs `spec` for the host on `conn` until the exec is over.
-pub fn run(ctx: &Context, mut conn: UnixStream, spec: ExecSpec) {
+/// A connection whose exec is over and that may carry the host's next
+/// request, with what was read past the exec's last frame.
+pub struct Reusable {
+    pub conn: UnixStream,
+    pub unread: Vec<u8>,
+}
+
+/// Runs `spec` for the host on `conn` until the exec is over. Gives the
+/// connection back when the exec ended with the connection in order (the
+/// host saw `Exited` or the start error, in whole frames).
+pub fn run(ctx: &Context, mut conn: UnixStream, spec: ExecSpec) -> Option<Reusable> {
     let started = match start(ctx, &spec) {
         Ok(started) => started,
         Err(e) => {
-            let _ = proto::write_json(&mut conn, FrameKind::Response, &e.response());
-            return;
+            return send_response(&mut conn, &e.response()).ok().map(|()| Reusable { conn, unread: Vec::new() });
         }
     };
     let pid = started.pid;
-    if proto::write_json(&mut conn, FrameKind::Response, &Response::Started { pid }).is_err() {
+    if send_response(&mut conn, &Response::Started { pid }).is_err() {
         // The host is gone before the exec began: nothing may outlive it.
         tree::kill_tree(pid, &started.pipe_inodes());
         let _ = started.exit.report.recv();
-        return;
+        return None;
     }
-    Pump::new(conn, started).run();
+    Pump::new(conn, started).run()
+}
+
+/// One frame in one write: the host's reader wakes once, not for the
+/// header and again for the payload.
+fn send_response(conn: &mut UnixStream, response: &Response) -> io::Result<()> {
+    let mut frame = Vec::with_capacity(64);
+    proto::write_json(&mut frame, FrameKind::Response, response)?;
+    conn.write_all(&frame)
 }
 
 /// A started process and init's ends of its pipes.
@@ -258,16 +274,17 @@ impl Pump {
         Ok(())
     }
 
-    fn run(mut self) {
+    fn run(mut self) -> Option<Reusable> {
         while !self.is_over() {
             self.poll_once();
         }
         if self.killed {
             self.drain_pipes();
         }
-        if self.conn_open {
-            self.send_exited();
+        if !self.conn_open || self.send_exited().is_err() {
+            return None;
         }
+        Some(Reusable { conn: self.conn, unread: self.inbuf })
     }
 
     fn is_over(&self) -> bool {
@@ -550,8 +567,8 @@ impl Pump {
         }
     }
 
-    fn send_exited(&mut self) {
-        let Some(report) = self.reaped else { return };
+    fn send_exited(&mut self) -> io::Result<()> {
+        let Some(report) = self.reaped else { return Err(io::Error::other("the exec was not reaped")) };
         let session_state = match (self.killed, self.state_overflow) {
             (false, false) if !self.state_buf.is_empty() => session::parse_state(&self.state_buf),
             _ => None,
@@ -566,9 +583,8 @@ impl Pump {
             session_state,
             oom_killed: self.oom_kills_before.and_then(|before| crate::vm::oom_kills().map(|now| now > before)),
         };
-        let _ = proto::write_json(&mut self.out, FrameKind::Response, &Response::Exited(exited));
-        if self.conn.set_nonblocking(false).is_ok() {
-            let _ = self.conn.write_all(&self.out[self.out_sent..]);
-        }
+        proto::write_json(&mut self.out, FrameKind::Response, &Response::Exited(exited))?;
+        self.conn.set_nonblocking(false)?;
+        self.conn.write_all(&self.out[self.out_sent..])
     }
 }

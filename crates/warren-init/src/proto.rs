@@ -2,7 +2,8 @@
 //!
 //! Framing, in both directions: one byte kind, a big-endian `u32` payload
 //! length, then the payload. Control payloads are JSON; output payloads are
-//! raw bytes. Every exec uses its own connection to the control listener, so
+//! raw bytes. An exec has a connection to the control listener to itself
+//! (a later exec may follow it on the same connection once it ended), so
 //! no multiplexing is needed and a dropped connection kills its process tree.
 
 use std::collections::BTreeMap;

@@ -1,7 +1,8 @@
 //! PID 1's service loop: accept the host's connections on the inherited
 //! listener, one thread per connection, and reap every child that ends
 //! (woken by `SIGCHLD`, see `reaper`): an idle sandbox's PID 1 is this
-//! thread and the seccomp supervisor, nothing else.
+//! thread and the seccomp supervisor, nothing else (a connection the host
+//! keeps between execs holds a thread for at most [`IDLE_CONNECTION`]).
 //!
 //! Only the host may talk to init. The listener's path lives in a host
 //! directory the sandbox cannot reach, and on top of that every peer must
@@ -34,6 +35,10 @@ const BUSY_ANSWER_TIMEOUT: Duration = Duration::from_millis(200);
 /// How soon to try again to reap a child whose reaping had to wait for a
 /// spawn in progress (see `Registry::reap_exited`).
 const REAP_RETRY: rustix::time::Timespec = rustix::time::Timespec { tv_sec: 0, tv_nsec: 5_000_000 };
+/// How long a connection may wait between execs before init ends it (and
+/// its thread). Long enough to span an agent's think time between commands,
+/// short enough that a sandbox left alone soon holds no thread for it.
+const IDLE_CONNECTION: rustix::time::Timespec = rustix::time::Timespec { tv_sec: 30, tv_nsec: 0 };
 
 /// What every connection can reach.
 pub(crate) struct Shared {
@@ -141,13 +146,67 @@ fn wait_after_accept_error(e: &io::Error) {
     }
 }
 
-/// Serves one request; also a microVM's mux streams (`vm::port`), whose
-/// peer is always the node.
+/// Serves a connection; also a microVM's mux streams (`vm::port`), whose
+/// peer is always the node. A connection carries one request, or a series
+/// of execs one after the other: after an exec that ended in order the host
+/// may send the next exec on the same connection (it keeps one per sandbox
+/// between execs), which then costs no connect, accept or thread. Any other
+/// request ends the connection once answered.
 pub(crate) fn serve_connection(ctx: &Shared, mut conn: UnixStream) {
-    let request = match proto::read_frame(&mut conn) {
+    let mut request = match proto::read_frame(&mut conn) {
         Ok(Some((FrameKind::Request, payload))) => serde_json::from_slice::<Request>(&payload),
         _ => return,
     };
+    loop {
+        let spec = match request {
+            Ok(Request::Exec(spec)) => spec,
+            other => return serve_one(ctx, conn, other),
+        };
+        let Some(reusable) = exec::run(&ctx.exec, conn, spec) else { return };
+        conn = reusable.conn;
+        request = match next_request(&conn, reusable.unread) {
+            Some(next) => next,
+            None => return,
+        };
+    }
+}
+
+/// The host's next request on a connection whose exec just ended. Frames
+/// the host sent that exec after it had ended (stdin, its end, a kill that
+/// crossed the `Exited` frame) come first and are passed over. `None` when
+/// the host closes the connection, breaks the protocol, or leaves it idle
+/// for [`IDLE_CONNECTION`] (the thread then ends, and the sandbox is back to
+/// its idle shape; the host notices the close before it asks anything).
+fn next_request(conn: &UnixStream, unread: Vec<u8>) -> Option<serde_json::Result<Request>> {
+    let unread_len = unread.len() as u64;
+    let mut unread = io::Cursor::new(unread);
+    loop {
+        if unread.position() == unread_len && !wait_readable(conn, &IDLE_CONNECTION) {
+            return None;
+        }
+        match proto::read_frame(&mut io::Read::chain(&mut unread, conn)) {
+            Ok(Some((FrameKind::Request, payload))) => return Some(serde_json::from_slice::<Request>(&payload)),
+            Ok(Some((FrameKind::Stdin | FrameKind::StdinEof | FrameKind::Kill, _))) => {}
+            _ => return None,
+        }
+    }
+}
+
+/// False when nothing arrived within `timeout` (or the poll failed).
+fn wait_readable(conn: &UnixStream, timeout: &rustix::time::Timespec) -> bool {
+    loop {
+        let mut fds = [PollFd::new(conn, PollFlags::IN)];
+        match rustix::event::poll(&mut fds, Some(timeout)) {
+            Ok(0) => return false,
+            Ok(_) => return true,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Answers a request other than a series of execs.
+fn serve_one(ctx: &Shared, mut conn: UnixStream, request: serde_json::Result<Request>) {
     let request = match request {
         Ok(request) => match crate::fileserve::serve(request, &mut conn) {
             Some(other) => Ok(other),
@@ -160,7 +219,9 @@ pub(crate) fn serve_connection(ctx: &Shared, mut conn: UnixStream) {
             let pong = Response::Pong { init_version: env!("CARGO_PKG_VERSION").to_string() };
             let _ = proto::write_json(&mut conn, FrameKind::Response, &pong);
         }
-        Ok(Request::Exec(spec)) => exec::run(&ctx.exec, conn, spec),
+        Ok(Request::Exec(spec)) => {
+            let _ = exec::run(&ctx.exec, conn, spec);
+        }
         Ok(Request::SetPhase { phase, kill_running }) => {
             let name = phase.name.clone();
             let answer = match ctx.exec.phases.switch(phase, kill_running) {

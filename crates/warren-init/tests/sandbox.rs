@@ -183,6 +183,64 @@ fn an_idle_sandbox_is_pid1_with_two_threads_and_one_leader() {
     assert_eq!(leaders_of(sb.pid1), leaders, "the same leader still serves");
 }
 
+/// The host keeps one connection per sandbox between execs: the next exec
+/// on it runs as on a new one, after what the host sent the last exec once
+/// it had ended (stdin, its end, a kill) has been passed over; the thread
+/// serving it ends with the connection.
+#[test]
+fn execs_follow_each_other_on_one_connection() {
+    let sb = start_sandbox();
+    let mut conn = sb.connect();
+    sb.request(&mut conn, spec(&["sh", "-c", "echo one; exit 3"]));
+    let Response::Started { pid } = read_response(&mut conn) else { panic!("not started") };
+    let first = collect(&mut conn, pid);
+    assert_eq!((first.stdout(), first.exited.exit_code), ("one\n".to_string(), Some(3)));
+    // Late frames for the exec that is over, then the next request.
+    proto::write_frame(&mut conn, FrameKind::Stdin, b"late").unwrap();
+    proto::write_frame(&mut conn, FrameKind::StdinEof, &[]).unwrap();
+    proto::write_frame(&mut conn, FrameKind::Kill, &[]).unwrap();
+    sb.request(&mut conn, spec(&["cat"]));
+    let Response::Started { pid } = read_response(&mut conn) else { panic!("not started") };
+    proto::write_frame(&mut conn, FrameKind::Stdin, b"two\n").unwrap();
+    proto::write_frame(&mut conn, FrameKind::StdinEof, &[]).unwrap();
+    let second = collect(&mut conn, pid);
+    assert_eq!((second.stdout(), second.exited.exit_code, second.exited.killed), ("two\n".to_string(), Some(0), false));
+    // A start error leaves the connection in order too.
+    sb.request(&mut conn, spec(&["no-such-tool"]));
+    assert!(matches!(read_response(&mut conn), Response::Error { not_found: true, .. }));
+    sb.request(&mut conn, spec(&["true"]));
+    let Response::Started { pid } = read_response(&mut conn) else { panic!("not started") };
+    assert_eq!(collect(&mut conn, pid).exited.exit_code, Some(0));
+    assert_eq!(threads(sb.pid1), 3, "PID 1's loop, the seccomp supervisor and this connection's thread");
+    drop(conn);
+    wait_until("the connection's thread has ended", || threads(sb.pid1) == 2);
+}
+
+/// A request that is not an exec is answered and ends the connection, as
+/// does anything but a request after an exec's leftovers.
+#[test]
+fn a_connection_after_an_exec_takes_only_execs_in_order() {
+    let sb = start_sandbox();
+    let mut conn = sb.connect();
+    sb.request(&mut conn, spec(&["true"]));
+    let Response::Started { pid } = read_response(&mut conn) else { panic!("not started") };
+    collect(&mut conn, pid);
+    proto::write_json(&mut conn, FrameKind::Request, &Request::Ping).unwrap();
+    assert!(matches!(read_response(&mut conn), Response::Pong { .. }));
+    assert_eq!(proto::read_frame(&mut conn).unwrap(), None, "closed after the answer");
+
+    let mut conn = sb.connect();
+    sb.request(&mut conn, spec(&["true"]));
+    let Response::Started { pid } = read_response(&mut conn) else { panic!("not started") };
+    collect(&mut conn, pid);
+    // An init-to-host kind from the host: the protocol is broken.
+    proto::write_frame(&mut conn, FrameKind::Stdout, b"x").unwrap();
+    // Init may have closed already: the write may fail.
+    let _ = proto::write_json(&mut conn, FrameKind::Request, &Request::Exec(spec(&["true"])));
+    assert_eq!(proto::read_frame(&mut conn).ok().flatten(), None, "closed without running it");
+    assert_eq!(sb.live_processes(), vec![sb.pid1]);
+}
+
 #[test]
 fn orphans_are_reaped_by_pid1() {
     let sb = start_sandbox();

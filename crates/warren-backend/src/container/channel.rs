@@ -1,8 +1,12 @@
-//! Talking to a running sandbox's init over its control socket: one
-//! connection per request, framed as in [`warren_init::proto`].
+//! Talking to a running sandbox's init over its control socket, framed as
+//! in [`warren_init::proto`]: one connection per request, except that a
+//! container's execs reuse the connection of an exec that ended in order
+//! ([`IdleConnections`]).
 
+use std::collections::HashMap;
 use std::io::{self, ErrorKind};
 use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -130,15 +134,115 @@ pub(crate) async fn set_phase(sock: &Path, phase: PhaseRules, kill_running: bool
         .map_err(|_| BackendError::Protocol(format!("no answer to set_phase within {SET_PHASE_TIMEOUT:?}")))?
 }
 
+/// Connections to the inits of running sandboxes that sit between two
+/// execs, at most one per sandbox. An exec that ended in order (init sent
+/// `Exited`) leaves its connection here, and the sandbox's next exec takes
+/// it instead of connecting: no connect, accept, peer check or new thread
+/// in init, and init's thread reads the request at once instead of after a
+/// hop through PID 1's accept loop. The peer check still holds: it was made
+/// when the connection was accepted, and only this process has its end.
+///
+/// Init closes a connection left idle (`IDLE_CONNECTION` in warren-init's
+/// `serve`); an exec that finds its connection closed before any answer
+/// connects anew, which is safe because init never closes a connection
+/// after reading a request without answering it (it dies, and the new
+/// connection finds the sandbox gone).
+#[derive(Default)]
+pub(crate) struct IdleConnections {
+    idle: Mutex<Idle>,
+}
+
+#[derive(Default)]
+struct Idle {
+    by_sandbox: HashMap<String, std::os::unix::net::UnixStream>,
+    /// Closed connections are swept when the map grows past this (see `put`).
+    sweep_above: usize,
+}
+
+/// Below this many idle connections, none are swept.
+const SWEEP_FLOOR: usize = 64;
+
+impl IdleConnections {
+    fn lock(&self) -> MutexGuard<'_, Idle> {
+        // Every mutation is one map operation: a poisoned map is still whole.
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take(&self, sandbox: &str) -> Option<UnixStream> {
+        let stream = self.lock().by_sandbox.remove(sandbox)?;
+        // Still non-blocking, as tokio left it.
+        UnixStream::from_std(stream).ok()
+    }
+
+    /// Keeps `stream` for the sandbox's next exec (unless one is kept
+    /// already). A sandbox that ends is forgotten by its destroy; one whose
+    /// exec ended while it was being destroyed can slip in after that, so
+    /// whenever the map has doubled since the last sweep, the connections
+    /// init has closed are dropped: the map stays within twice the live
+    /// sandboxes that ran an exec.
+    fn put(&self, sandbox: &str, stream: UnixStream) {
+        let Ok(stream) = stream.into_std() else { return };
+        let mut idle = self.lock();
+        idle.by_sandbox.entry(sandbox.to_string()).or_insert(stream);
+        if idle.by_sandbox.len() > idle.sweep_above.max(SWEEP_FLOOR) {
+            idle.by_sandbox.retain(|_, stream| still_open(stream));
+            idle.sweep_above = 2 * idle.by_sandbox.len();
+        }
+    }
+
+    /// The sandbox ended: its connection goes.
+    pub(crate) fn forget(&self, sandbox: &str) {
+        self.lock().by_sandbox.remove(sandbox);
+    }
+}
+
+/// Whether init still holds its end of an idle connection: nothing may be
+/// readable on one (init sends nothing between execs), an end of stream
+/// means closed.
+fn still_open(stream: &std::os::unix::net::UnixStream) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(io::Read::read(&mut &*stream, &mut byte), Err(e) if e.kind() == ErrorKind::WouldBlock)
+}
+
+/// Where an exec's connection comes from and goes back to.
+pub(crate) struct Reuse {
+    pub(crate) idle: Arc<IdleConnections>,
+    pub(crate) sandbox: String,
+}
+
 /// Starts `spec` in the sandbox and returns once init said `Started`.
 pub(crate) async fn start_exec(sock: &Path, spec: ExecSpec, cgroup: SandboxCgroup) -> Result<ExecProcess> {
+    start_exec_reusing(sock, spec, cgroup, None).await
+}
+
+/// [`start_exec`] on the sandbox's idle connection when there is one; with
+/// `reuse`, the connection goes back there once the exec ended in order.
+pub(crate) async fn start_exec_reusing(
+    sock: &Path,
+    spec: ExecSpec,
+    cgroup: SandboxCgroup,
+    reuse: Option<Reuse>,
+) -> Result<ExecProcess> {
     let oom_kills_before = cgroup.oom_kills().unwrap_or(0);
-    let mut stream = connect(sock).await?;
-    send_request(&mut stream, &Request::Exec(spec)).await.map_err(|e| BackendError::io("send exec request", e))?;
-    let first = tokio::time::timeout(START_TIMEOUT, read_frame(&mut stream))
+    let request = serde_json::to_vec(&Request::Exec(spec)).map_err(|e| BackendError::Protocol(e.to_string()))?;
+    let kept = reuse.as_ref().and_then(|r| r.idle.take(&r.sandbox));
+    let answered = async {
+        if let Some(mut stream) = kept {
+            match ask(&mut stream, &request).await {
+                Ok(Some(first)) => return Ok((stream, Some(first))),
+                // Closed by init before it read anything: ask anew.
+                Ok(None) => {}
+                Err(e) if matches!(e.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset) => {}
+                Err(e) => return Err(BackendError::io("read exec answer", e)),
+            }
+        }
+        let mut stream = connect(sock).await?;
+        let first = ask(&mut stream, &request).await.map_err(|e| BackendError::io("exec request", e))?;
+        Ok((stream, first))
+    };
+    let (stream, first) = tokio::time::timeout(START_TIMEOUT, answered)
         .await
-        .map_err(|_| BackendError::Protocol(format!("no answer to exec within {START_TIMEOUT:?}")))?
-        .map_err(|e| BackendError::io("read exec answer", e))?;
+        .map_err(|_| BackendError::Protocol(format!("no answer to exec within {START_TIMEOUT:?}")))??;
     let pid = match first {
         None => return Err(BackendError::Gone),
         Some((FrameKind::Response, payload)) => match parse_response(&payload)? {
@@ -157,9 +261,16 @@ pub(crate) async fn start_exec(sock: &Path, spec: ExecSpec, cgroup: SandboxCgrou
     let _ = events_tx.try_send(ExecEvent::Started { pid });
     let (read_half, write_half) = stream.into_split();
     let (done_tx, done_rx) = oneshot::channel();
-    tokio::spawn(forward_control(write_half, control_rx, done_rx));
+    tokio::spawn(forward_control(write_half, control_rx, done_rx, reuse));
     tokio::spawn(pump_events(read_half, events_tx, done_tx, OomWatch { cgroup, oom_kills_before }));
     Ok(ExecProcess { events, control })
+}
+
+/// Sends an encoded request; returns init's first frame (`None`: the
+/// connection closed before one came).
+async fn ask(stream: &mut UnixStream, request: &[u8]) -> io::Result<Option<(FrameKind, Vec<u8>)>> {
+    write_frame(stream, FrameKind::Request, request).await?;
+    read_frame(stream).await
 }
 
 /// Tells whether the out-of-memory killer struck while the exec ran. Any
@@ -189,13 +300,14 @@ impl OomWatch {
     }
 }
 
-/// init -> node. Signals `done` when the exec ended (or the connection
-/// did); drops it unsignalled when the node stopped listening or init broke
-/// the protocol, which makes the control forwarder kill the process tree.
+/// init -> node. Signals `done` when the exec ended (handing back the
+/// read half: the connection is in order) or the connection did; drops it
+/// unsignalled when the node stopped listening or init broke the protocol,
+/// which makes the control forwarder kill the process tree.
 async fn pump_events(
     mut from_init: OwnedReadHalf,
     events: mpsc::Sender<ExecEvent>,
-    done: oneshot::Sender<()>,
+    done: oneshot::Sender<Option<OwnedReadHalf>>,
     oom: OomWatch,
 ) {
     loop {
@@ -206,7 +318,7 @@ async fn pump_events(
                 Ok(Response::Exited(exited)) => {
                     // Before the event: a node that drops `control` on seeing
                     // it must not make the forwarder send a Kill.
-                    let _ = done.send(());
+                    let _ = done.send(Some(from_init));
                     let _ = events.send(ExecEvent::Exited(oom.exit_info(exited))).await;
                     return;
                 }
@@ -215,11 +327,11 @@ async fn pump_events(
             },
             Ok(Some((kind, _))) => return lost(events, format!("unexpected frame {kind:?} from init")).await,
             Ok(None) => {
-                let _ = done.send(());
+                let _ = done.send(None);
                 return lost(events, "connection closed before the exit status".to_string()).await;
             }
             Err(e) => {
-                let _ = done.send(());
+                let _ = done.send(None);
                 return lost(events, format!("reading from init: {e}")).await;
             }
         };
@@ -234,17 +346,33 @@ async fn lost(events: mpsc::Sender<ExecEvent>, why: String) {
 }
 
 /// node -> init, until the exec is over. A dropped control sender kills the
-/// tree, as does an event pump that ended without the exec finishing.
+/// tree, as does an event pump that ended without the exec finishing. An
+/// exec that ended in order leaves its connection for the sandbox's next
+/// one (with `reuse`): whatever this sent before is ahead of the next
+/// request, and init passes over it.
 async fn forward_control(
     mut to_init: OwnedWriteHalf,
     mut control: mpsc::Receiver<ExecControl>,
-    mut done: oneshot::Receiver<()>,
+    mut done: oneshot::Receiver<Option<OwnedReadHalf>>,
+    reuse: Option<Reuse>,
 ) {
     loop {
         let (kind, payload) = tokio::select! {
+            // The end first: the pump signals it before the node sees the
+            // exit and drops `control`, which must then neither kill nor
+            // keep the connection from the next exec.
+            biased;
             ended = &mut done => {
-                if ended.is_err() {
-                    let _ = write_frame(&mut to_init, FrameKind::Kill, &[]).await;
+                match ended {
+                    Ok(Some(from_init)) => {
+                        if let (Some(reuse), Ok(stream)) = (reuse, from_init.reunite(to_init)) {
+                            reuse.idle.put(&reuse.sandbox, stream);
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(_) => {
+                        let _ = write_frame(&mut to_init, FrameKind::Kill, &[]).await;
+                    }
                 }
                 return;
             }
@@ -348,6 +476,104 @@ mod tests {
             other => panic!("{other:?}"),
         }
         server.await.unwrap();
+    }
+
+    fn exited(code: i32) -> Response {
+        Response::Exited(proto::Exited {
+            exit_code: Some(code),
+            signal: None,
+            killed: false,
+            cpu_user_us: 0,
+            cpu_system_us: 0,
+            max_rss_bytes: 0,
+            session_state: None,
+            oom_killed: None,
+        })
+    }
+
+    /// Runs one exec to its end and returns its exit code.
+    async fn run_to_end(sock: &Path, idle: &Arc<IdleConnections>) -> Option<i32> {
+        let reuse = Reuse { idle: Arc::clone(idle), sandbox: "sb".into() };
+        let mut p = start_exec_reusing(sock, spec(), no_cgroup(), Some(reuse)).await.unwrap();
+        p.control.send(ExecControl::StdinEof).await.unwrap();
+        loop {
+            match p.events.recv().await {
+                Some(ExecEvent::Exited(exit)) => return exit.exit_code,
+                Some(ExecEvent::Started { .. }) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    /// Waits until the exec's connection is back among the idle ones (the
+    /// forwarder puts it there after the exit event went out).
+    async fn wait_kept(idle: &IdleConnections) {
+        while !idle.lock().by_sandbox.contains_key("sb") {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn the_next_exec_reuses_the_connection_of_the_last_one() {
+        // The fake accepts ONE connection: a second connect would find nobody.
+        let (_dir, sock, server) = fake_init(|mut s| async move {
+            for code in [3, 4] {
+                let (kind, _) = read_frame(&mut s).await.unwrap().unwrap();
+                assert_eq!(kind, FrameKind::Request);
+                respond(&mut s, &Response::Started { pid: 7 }).await;
+                assert_eq!(read_frame(&mut s).await.unwrap(), Some((FrameKind::StdinEof, vec![])));
+                respond(&mut s, &exited(code)).await;
+            }
+            assert_eq!(read_frame(&mut s).await.unwrap(), None, "the node closed it when the sandbox ended");
+        })
+        .await;
+        let idle = Arc::new(IdleConnections::default());
+        assert_eq!(run_to_end(&sock, &idle).await, Some(3));
+        wait_kept(&idle).await;
+        assert_eq!(run_to_end(&sock, &idle).await, Some(4));
+        wait_kept(&idle).await;
+        idle.forget("sb");
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_kept_connection_that_init_closed_is_replaced_by_a_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("ctl.sock");
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        let server = tokio::spawn(async move {
+            for code in [5, 6] {
+                let (mut s, _) = listener.accept().await.unwrap();
+                read_frame(&mut s).await.unwrap().unwrap();
+                respond(&mut s, &Response::Started { pid: 7 }).await;
+                assert_eq!(read_frame(&mut s).await.unwrap(), Some((FrameKind::StdinEof, vec![])));
+                respond(&mut s, &exited(code)).await;
+                // Init ends a connection left idle: this one ends at once.
+            }
+        });
+        let idle = Arc::new(IdleConnections::default());
+        assert_eq!(run_to_end(&sock, &idle).await, Some(5));
+        wait_kept(&idle).await;
+        assert_eq!(run_to_end(&sock, &idle).await, Some(6));
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn closed_idle_connections_are_swept_as_the_map_grows() {
+        let idle = IdleConnections::default();
+        let mut open = Vec::new();
+        for i in 0..=SWEEP_FLOOR {
+            let (ours, theirs) = UnixStream::pair().unwrap();
+            idle.put(&format!("sb-{i}"), ours);
+            // Every other peer stays, as a live init would.
+            if i % 2 == 0 {
+                open.push(theirs);
+            }
+        }
+        // The put past the floor swept the closed half.
+        assert_eq!(idle.lock().by_sandbox.len(), open.len());
+        idle.forget("sb-0");
+        assert_eq!(idle.lock().by_sandbox.len(), open.len() - 1);
     }
 
     #[tokio::test]
