@@ -73,8 +73,10 @@ echo mine > /mnt/xfs/agent/tmp
     if let Err(why) = xfs.healthy() {
         suite.failures.push(format!("dsec_xfs_ioc_swapext_on_protected_file: {why}"));
     }
-    suite.finish("XFS_IOC_SWAPEXT on real XFS").await;
+    // Unmounted before the suite ends: the mount sits in the server's temp
+    // dir, which the suite's end removes (a mount in it kept the whole dir).
     drop(xfs);
+    suite.finish("XFS_IOC_SWAPEXT on real XFS").await;
 }
 
 /// The forged-RPC incident at its worst: the sandbox is handed its real

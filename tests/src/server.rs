@@ -368,7 +368,10 @@ impl Drop for TestServer {
         let left = leaks::force_cleanup(&self.data_dir(), &self.instance);
         if let Some(dir) = self.dir.take() {
             if left.is_empty() {
-                let _ = dir.close();
+                let path = dir.path().to_path_buf();
+                if let Err(e) = dir.close() {
+                    eprintln!("warning: the test's temp dir {} was not removed: {e}", path.display());
+                }
             } else {
                 // Removing a tree with mounts below it would write through them.
                 eprintln!("warning: mounts remain under {}: {left:?}; keeping the dir", dir.path().display());
