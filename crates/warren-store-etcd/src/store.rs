@@ -256,6 +256,22 @@ impl EtcdStore {
     pub fn watch(&self, t: Table, prefix: &str, from_revision: Option<i64>) -> Result<Watch, EtcdError> {
         let runtime = self.runtime()?;
         let (start, end) = self.keys.range(t, prefix);
+        // "After this call" is pinned by a linearizable read: a watch without
+        // a start revision starts at the revision its member has applied, and
+        // a follower behind the leader would replay writes this client has
+        // already seen acknowledged (seen in CI: a put made just before the
+        // watch came out as its first event).
+        let from_revision = match from_revision {
+            Some(rev) => rev,
+            None => {
+                let (key, range_end) = (start.clone(), end.clone());
+                let resp = self.run(Retry::Unavailable, move |mut kv| {
+                    let (key, range_end) = (key.clone(), range_end.clone());
+                    async move { kv.get(key, Some(GetOptions::new().with_range(range_end).with_count_only())).await }
+                })?;
+                resp.header().map_or(0, |h| h.revision()) + 1
+            }
+        };
         let spec = watch::Spec {
             client: self.client.watch_client(),
             start,
@@ -266,7 +282,7 @@ impl EtcdStore {
         let handle = runtime.handle().clone();
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         runtime.spawn(async move {
-            let _ = tx.send(watch::start(spec, from_revision, handle).await);
+            let _ = tx.send(watch::start(spec, Some(from_revision), handle).await);
         });
         rx.recv().map_err(|_| EtcdError::Runtime("the etcd store's runtime shut down".into()))?
     }
