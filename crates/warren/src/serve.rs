@@ -407,6 +407,7 @@ async fn etcd_store(args: &ServeArgs) -> Result<Arc<warren_store_etcd::EtcdStore
 
 /// `warren serve --role api`: a stateless API server until SIGINT or SIGTERM.
 async fn run_api(args: ServeArgs) -> Result<()> {
+    let signals = StopSignals::take_over()?;
     let token = cluster_token(&args)?;
     let store = etcd_store(&args).await?;
     std::fs::create_dir_all(&args.data_dir)
@@ -424,7 +425,7 @@ async fn run_api(args: ServeArgs) -> Result<()> {
     let url = format!("http://{}", server.addr);
     write_url_file(&args.data_dir, &url)?;
     println!("warren API server listening on {url}");
-    wait_for_signal().await?;
+    signals.wait().await;
     let _ = stop.send(());
     server.abort_watcher();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), server.task).await;
@@ -432,13 +433,30 @@ async fn run_api(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() -> Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+/// SIGINT and SIGTERM, taken over before the server starts: a signal that
+/// arrives once `server.url` exists must end the server through its clean
+/// shutdown (which also puts the host's audit settings back), never by the
+/// default action (seen in CI: a SIGTERM right after start-up left the
+/// server registered as the host's audit daemon).
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn take_over() -> Result<StopSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+        let interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+        Ok(StopSignals { term, interrupt })
     }
-    Ok(())
+
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.term.recv() => {}
+        }
+    }
 }
 
 /// The microVM and full-VM drivers when this host has QEMU and a cloud
@@ -517,9 +535,10 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     if args.role == Role::Api {
         return run_api(args).await;
     }
+    let signals = StopSignals::take_over()?;
     let running = start(&args).await?;
     println!("warren listening on {}", running.url);
-    wait_for_signal().await?;
+    signals.wait().await;
     tracing::info!("shutting down");
     let _ = running.stop.send(());
     running.node.shutdown(args.destroy_on_exit.then_some(warren_api::EndReason::Shutdown)).await;
