@@ -30,6 +30,32 @@ async fn drop_guard_removes_what_a_failed_test_left() {
     assert!(!data_dir.exists(), "the temp dir is removed");
 }
 
+/// A mount a test leaves in its temp dir beside the data dir (how the XFS
+/// case used to leak a `/tmp/warren-test-*` dir on every run) fails
+/// `finish`; the drop guard still unmounts it and removes the dir.
+#[tokio::test]
+async fn finish_fails_on_a_mount_left_beside_the_data_dir() {
+    let server = TestServer::start().await;
+    let root = server.path().to_path_buf();
+    let scratch = root.join("scratch");
+    std::fs::create_dir(&scratch).expect("make the scratch dir");
+    rustix::mount::mount("tmpfs", &scratch, "tmpfs", rustix::mount::MountFlags::empty(), None)
+        .expect("mount a tmpfs on the scratch dir");
+    let outcome = tokio::spawn(server.finish()).await;
+    let failure = outcome.expect_err("finish must fail with a mount left behind");
+    let message = match failure.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default(),
+        Err(e) => panic!("finish was cancelled, not failed: {e}"),
+    };
+    assert!(message.contains("mounts remain under the test's temp dir"), "finish failed for another reason: {message}");
+    assert!(leaks::mounts_under(&root).is_empty(), "the drop guard left the scratch mount");
+    assert!(!root.exists(), "the drop guard left the temp dir {}", root.display());
+}
+
 /// A test process killed from outside never cleans up; the next test
 /// process sweeps the cgroups of instances whose process is gone, and
 /// leaves those of live processes alone.

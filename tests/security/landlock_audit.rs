@@ -314,6 +314,24 @@ async fn a_restart_after_a_crash_restores_audit() {
     server.finish().await;
 }
 
+/// A SIGTERM as early as a client can see the server (its `server.url`
+/// written) still ends it cleanly with the host's audit settings put back:
+/// the server takes the signal over before it starts, not after.
+#[tokio::test]
+async fn a_sigterm_right_after_start_restores_audit() {
+    let _one = AUDIT.lock().await;
+    let before = before();
+    let _restore = RestoreOnPanic(before.clone());
+    let lost = audit_status().lost;
+    let mut server = default_server().await;
+    stop_and_assert_restored(&mut server, &before, lost).await;
+    for _ in 0..3 {
+        server.launch().await;
+        stop_and_assert_restored(&mut server, &before, lost).await;
+    }
+    server.finish().await;
+}
+
 /// Where audit cannot be had (here: no `CAP_AUDIT_CONTROL`), the default
 /// runs without Landlock events and says so; `on` refuses to start.
 #[tokio::test]

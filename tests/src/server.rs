@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
+use rustix::mount::{unmount, UnmountFlags};
 use rustix::process::{kill_process, Pid, Signal};
 use serde_json::{json, Value};
 use tempfile::TempDir;
@@ -37,6 +38,8 @@ pub struct TestServer {
     /// The per-test temp dir holding `rootfs/`, `data/` and `server.log`.
     pub dir: Option<TempDir>,
     child: Option<Child>,
+    /// How the last server process ended, once reaped.
+    exited: Option<std::process::ExitStatus>,
     /// Extra `warren serve` arguments, kept across restarts.
     extra_args: Vec<String>,
     /// With `--auth on`: the root project's admin key the server wrote to
@@ -144,6 +147,7 @@ impl TestServer {
             instance: format!("wt-{}-{n}", std::process::id()),
             dir: Some(dir),
             child: None,
+            exited: None,
             extra_args: launch.extra_args,
             admin_key: None,
             prefix: launch.prefix,
@@ -178,7 +182,8 @@ impl TestServer {
     /// The last `lines` lines of the server's log (all its runs).
     pub fn log_tail(&self, lines: usize) -> String {
         let mut text = String::new();
-        if let Ok(mut f) = File::open(self.log_path()) {
+        let Some(dir) = &self.dir else { return "(the log went with the removed temp dir)".into() };
+        if let Ok(mut f) = File::open(dir.path().join("server.log")) {
             let len = f.metadata().map(|m| m.len()).unwrap_or(0);
             let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
             let _ = f.read_to_string(&mut text);
@@ -278,9 +283,18 @@ impl TestServer {
     async fn reap(&mut self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
         while let Some(child) = self.child.as_mut() {
-            if !matches!(child.try_wait(), Ok(None)) {
-                self.child = None;
-                return true;
+            match child.try_wait() {
+                Ok(None) => {}
+                Ok(Some(status)) => {
+                    self.exited = Some(status);
+                    self.child = None;
+                    return true;
+                }
+                Err(_) => {
+                    self.exited = None;
+                    self.child = None;
+                    return true;
+                }
             }
             if Instant::now() > deadline {
                 return false;
@@ -302,12 +316,21 @@ impl TestServer {
         self.launch().await;
     }
 
-    /// SIGTERM, a bounded wait, then SIGKILL.
+    /// SIGTERM, a bounded wait, then SIGKILL. A clean stop exits 0: a
+    /// server killed by the signal's default action skipped its shutdown
+    /// (the host's audit settings, the end of every sandbox).
     pub async fn stop(&mut self) {
         self.signal(Signal::TERM);
         if !self.reap(Duration::from_secs(30)).await {
             self.crash().await;
             panic!("the server ignored SIGTERM for 30 s; log:\n{}", self.log_tail(40));
+        }
+        if let Some(status) = self.exited {
+            assert!(
+                status.success(),
+                "the server did not stop cleanly on SIGTERM ({status}); log:\n{}",
+                self.log_tail(40)
+            );
         }
     }
 
@@ -325,6 +348,15 @@ impl TestServer {
         leaks::remove_instance_dirs(&self.instance);
         let left = leaks::instance_cgroup_dirs(&self.instance);
         assert!(left.is_empty(), "cannot remove the instance's cgroup directories {left:?}");
+        // A mount the test made outside the data dir (a loop device, an XFS
+        // scratch) would keep the temp dir and leak it on every run.
+        let mounted = leaks::mounts_under(self.path());
+        assert!(mounted.is_empty(), "mounts remain under the test's temp dir at finish: {mounted:?}");
+        let dir = self.dir.take().expect("the temp dir lives until finish");
+        let path = dir.path().to_path_buf();
+        if let Err(e) = dir.close() {
+            panic!("the test's temp dir {} cannot be removed: {e}", path.display());
+        }
     }
 
     async fn delete_all(&self) {
@@ -356,27 +388,30 @@ impl Drop for TestServer {
         if let Some(mut child) = self.child.take() {
             let _ = child.wait();
         }
-        if let Some(dir) = &self.dir {
-            // Our own server's holders (they hold its log open): kill them before
-            // their layer mounts are forced away below.
-            for pid in leaks::layer_cache_holders(dir.path()) {
-                if let Some(pid) = Pid::from_raw(pid) {
-                    let _ = kill_process(pid, Signal::KILL);
-                }
+        // `finish` has already checked and removed everything.
+        let Some(dir) = self.dir.take() else { return };
+        // Our own server's holders (they hold its log open): kill them before
+        // their layer mounts are forced away below.
+        for pid in leaks::layer_cache_holders(dir.path()) {
+            if let Some(pid) = Pid::from_raw(pid) {
+                let _ = kill_process(pid, Signal::KILL);
             }
         }
-        let left = leaks::force_cleanup(&self.data_dir(), &self.instance);
-        if let Some(dir) = self.dir.take() {
-            if left.is_empty() {
-                let path = dir.path().to_path_buf();
-                if let Err(e) = dir.close() {
-                    eprintln!("warning: the test's temp dir {} was not removed: {e}", path.display());
-                }
-            } else {
-                // Removing a tree with mounts below it would write through them.
-                eprintln!("warning: mounts remain under {}: {left:?}; keeping the dir", dir.path().display());
-                let _ = dir.keep();
+        leaks::force_cleanup(&dir.path().join("data"), &self.instance);
+        // Mounts a test made beside the data dir (a loop device, an XFS scratch).
+        for point in leaks::mounts_under(dir.path()) {
+            let _ = unmount(&point, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW);
+        }
+        let left = leaks::mounts_under(dir.path());
+        if left.is_empty() {
+            let path = dir.path().to_path_buf();
+            if let Err(e) = dir.close() {
+                eprintln!("warning: the test's temp dir {} was not removed: {e}", path.display());
             }
+        } else {
+            // Removing a tree with mounts below it would write through them.
+            eprintln!("warning: mounts remain under {}: {left:?}; keeping the dir", dir.path().display());
+            let _ = dir.keep();
         }
     }
 }
