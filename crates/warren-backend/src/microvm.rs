@@ -26,7 +26,9 @@
 //! kernel, the initramfs and its disks.
 //! Pause and resume are QMP `stop` / `cont` on `qmp.sock` in the run
 //! directory ([`qmp`]); a paused VM probes alive while its QEMU lives,
-//! without a ping. A pause to disk ([`Driver::pause_to_disk`], both
+//! without a ping, and so does one being saved to disk or restored (a VM
+//! is never out of both the driver's maps while it lives). A QMP socket
+//! nobody serves answers [`BackendError::Gone`]. A pause to disk ([`Driver::pause_to_disk`], both
 //! machines) migrates the stopped guest into `paused.mem` through a
 //! descriptor passed over QMP (QEMU 7.2 has no `file:` migration, `savevm`
 //! needs qcow2 disks) and ends QEMU; `resume` starts QEMU on the file
@@ -225,6 +227,18 @@ struct OnDisk {
     launch: Launch,
 }
 
+/// Where a probe finds a VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// Paused to disk, or being saved there or restored from there.
+    OnDisk,
+    Running {
+        exited: bool,
+        paused: bool,
+    },
+    Absent,
+}
+
 /// The guest's state while it is paused to disk.
 const PAUSED_MEM: &str = "paused.mem";
 /// Writing a paused guest's memory out; reading it back on resume.
@@ -240,8 +254,14 @@ pub struct MicroVmDriver {
     /// One build of a directory layer at a time (they are cached).
     layer_build: tokio::sync::Mutex<()>,
     running: Mutex<HashMap<String, Running>>,
-    /// VMs paused to disk (in neither map while being moved).
+    /// VMs paused to disk, and those being saved there or restored from
+    /// there. A VM moves between this map and `running` under both locks
+    /// (`running`'s first), so it is always in one of them until removed:
+    /// a probe that saw it in neither would have it ended.
     on_disk: Mutex<HashMap<String, OnDisk>>,
+    /// Held through a pause to disk and a resume: one move of a VM's
+    /// guest at a time (the node serialises them too).
+    moves: Mutex<()>,
     snapshots: snapshot::Snapshots,
 }
 
@@ -257,6 +277,7 @@ impl MicroVmDriver {
         Ok(MicroVmDriver {
             snapshots,
             on_disk: Mutex::new(HashMap::new()),
+            moves: Mutex::new(()),
             config,
             initramfs: OnceCell::new(),
             accel: OnceCell::new(),
@@ -304,6 +325,19 @@ impl MicroVmDriver {
 
     fn on_disk(&self) -> std::sync::MutexGuard<'_, HashMap<String, OnDisk>> {
         self.on_disk.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Where the VM is, both maps read at one moment (a move between
+    /// them holds both locks).
+    fn seen(&self, id: &str) -> Seen {
+        let mut running = self.running();
+        if self.on_disk().contains_key(id) {
+            return Seen::OnDisk;
+        }
+        match running.get_mut(id) {
+            Some(vm) => Seen::Running { exited: !matches!(vm.qemu.try_wait(), Ok(None)), paused: vm.paused },
+            None => Seen::Absent,
+        }
     }
 
     /// The VM spec to start `launch` again in `dir`.
@@ -654,25 +688,21 @@ impl Driver for MicroVmDriver {
         if self.state(handle).is_err() {
             return Liveness::Dead { oom: false };
         }
-        if self.on_disk().contains_key(&handle.id) {
-            return Liveness::Alive;
-        }
-        let (exited, paused) = match self.running().get_mut(&handle.id) {
-            Some(running) => (!matches!(running.qemu.try_wait(), Ok(None)), running.paused),
-            None => (true, false),
-        };
-        // A stopped guest cannot answer a ping; a live QEMU is all there is to see.
-        if !exited && paused {
-            return Liveness::Alive;
-        }
-        if !exited && channel::ping(&self.ctl_sock(&handle.id), PING_TIMEOUT).await {
-            return Liveness::Alive;
-        }
-        // A pause that came while the ping waited stopped the guest mid-answer.
-        if let Some(running) = self.running().get_mut(&handle.id) {
-            if running.paused && matches!(running.qemu.try_wait(), Ok(None)) {
-                return Liveness::Alive;
+        match self.seen(&handle.id) {
+            Seen::OnDisk => return Liveness::Alive,
+            // A stopped guest cannot answer a ping; a live QEMU is all there is to see.
+            Seen::Running { exited: false, paused: true } => return Liveness::Alive,
+            Seen::Running { exited: false, paused: false } => {
+                if channel::ping(&self.ctl_sock(&handle.id), PING_TIMEOUT).await {
+                    return Liveness::Alive;
+                }
+                // A pause that came while the ping waited stopped the guest
+                // mid-answer; one to disk also ended the mux the ping used.
+                if matches!(self.seen(&handle.id), Seen::OnDisk | Seen::Running { exited: false, paused: true }) {
+                    return Liveness::Alive;
+                }
             }
+            Seen::Running { exited: true, .. } | Seen::Absent => {}
         }
         let oom = self.cgroup(&handle.id).and_then(|cg| cg.oom_kills().map_err(cgroup_err)).is_ok_and(|n| n > 0);
         Liveness::Dead { oom }
@@ -711,14 +741,19 @@ impl Driver for MicroVmDriver {
     /// other process and all memory state (tmpfs, caches) stay as they are.
     fn pause_to_disk(&self, handle: &SandboxHandle) -> Result<()> {
         let _ = self.state(handle)?;
+        let _moving = self.moves.lock().unwrap_or_else(PoisonError::into_inner);
         if self.on_disk().contains_key(&handle.id) {
             return Ok(());
         }
         let id = handle.id.as_str();
         let sock = self.qmp_sock(id);
-        let mut vm = self.running().remove(id).ok_or(BackendError::Gone)?;
-        // Probes see it alive (and unpingable) from here on.
-        self.on_disk().insert(id.to_string(), OnDisk { launch: vm.launch.clone() });
+        let mut vm = {
+            let mut running = self.running();
+            let vm = running.remove(id).ok_or(BackendError::Gone)?;
+            // Probes see it alive (and unpingable) from here on.
+            self.on_disk().insert(id.to_string(), OnDisk { launch: vm.launch.clone() });
+            vm
+        };
         let mem_path = self.dir(id).join(PAUSED_MEM);
         let saved = (|| {
             if vm.paused {
@@ -749,7 +784,6 @@ impl Driver for MicroVmDriver {
             Err(e) => {
                 // Back to a running VM with a new mux, as if never paused.
                 let _ = fs::remove_file(&mem_path);
-                self.on_disk().remove(id);
                 let back = qmp::cont(&sock).and_then(|()| {
                     mux::start_blocking(
                         &self.dir(id).join("port.sock"),
@@ -758,11 +792,15 @@ impl Driver for MicroVmDriver {
                         vm.launch.first_stream.saturating_add(1 << 24),
                     )
                 });
-                if let Ok(mux) = back {
+                let mut running = self.running();
+                // Not there if the sandbox was removed meanwhile: then the
+                // VM (its QEMU) goes with `vm`.
+                let ours = self.on_disk().remove(id).is_some();
+                if let (true, Ok(mux)) = (ours, back) {
                     vm._mux = mux;
                     vm.launch.first_stream = vm.launch.first_stream.saturating_add(1 << 24);
                     vm.paused = false;
-                    self.running().insert(id.to_string(), vm);
+                    running.insert(id.to_string(), vm);
                 }
                 Err(e)
             }
@@ -774,20 +812,24 @@ impl Driver for MicroVmDriver {
     /// loads the guest's memory, a fraction of a second for a small guest).
     fn resume(&self, handle: &SandboxHandle) -> Result<()> {
         let _ = self.state(handle)?;
-        let saved = self.on_disk().remove(&handle.id);
-        if let Some(OnDisk { mut launch }) = saved {
-            launch.first_stream = launch.first_stream.saturating_add(1 << 24);
-            return match self.restore_from_disk(&handle.id, launch.clone()) {
-                Ok(vm) => {
-                    self.running().insert(handle.id.clone(), vm);
-                    Ok(())
-                }
-                Err(e) => {
-                    // Still on disk: a later resume may succeed.
-                    self.on_disk().insert(handle.id.clone(), OnDisk { launch });
-                    Err(e)
-                }
-            };
+        let _moving = self.moves.lock().unwrap_or_else(PoisonError::into_inner);
+        // It stays in `on_disk` while it is restored (probes see it alive);
+        // a failed restore leaves it there, and a later resume may succeed.
+        let saved = self.on_disk().get_mut(&handle.id).map(|saved| {
+            saved.launch.first_stream = saved.launch.first_stream.saturating_add(1 << 24);
+            saved.launch.clone()
+        });
+        if let Some(launch) = saved {
+            let mut vm = self.restore_from_disk(&handle.id, launch)?;
+            let mut running = self.running();
+            if self.on_disk().remove(&handle.id).is_none() {
+                // Removed while it was restored: the new QEMU goes too.
+                drop(running);
+                let _ = vm.qemu.start_kill();
+                return Err(BackendError::Gone);
+            }
+            running.insert(handle.id.clone(), vm);
+            return Ok(());
         }
         let paused = self.running().get(&handle.id).map(|vm| vm.paused).ok_or(BackendError::Gone)?;
         if !paused {
@@ -922,4 +964,132 @@ fn has_systemd(layers: &[PathBuf]) -> bool {
 
 fn cgroup_err(e: warren_guard::cgroup::CgroupError) -> BackendError {
     BackendError::io("cgroup", std::io::Error::other(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::os::unix::net::UnixListener;
+    use std::sync::{mpsc, Arc};
+
+    use super::*;
+
+    fn driver(run_dir: &Path) -> MicroVmDriver {
+        MicroVmDriver::new(MicroVmConfig {
+            run_dir: run_dir.to_path_buf(),
+            init_binary: run_dir.join("warren-init"),
+            qemu: PathBuf::from("/nonexistent/qemu"),
+            kernel: PathBuf::from("/nonexistent/vmlinuz"),
+            modules_dir: PathBuf::from("/nonexistent/modules"),
+            cgroup_instance: "warren-microvm-unit".into(),
+            accel: AccelChoice::Force(Accel::Tcg),
+            machine: Machine::Micro,
+            snapshots: false,
+        })
+        .unwrap()
+    }
+
+    /// A running VM whose QEMU is a `sleep` (killed with the driver) and
+    /// which has no mux: QMP and the control socket are the test's to serve.
+    fn fake_vm(driver: &MicroVmDriver, id: &str) -> SandboxHandle {
+        fs::create_dir(driver.dir(id)).unwrap();
+        let qemu = tokio::process::Command::new("sleep").arg("1000").kill_on_drop(true).spawn().unwrap();
+        let launch = Launch {
+            layer_files: Vec::new(),
+            vcpus: 1,
+            memory_mib: 128,
+            hostname: id.into(),
+            name: id.into(),
+            accel: Accel::Tcg,
+            first_stream: 1,
+        };
+        driver.running().insert(id.into(), Running { qemu, _mux: mux::Mux::detached(), paused: false, launch });
+        let state = HandleState { dir: driver.dir(id), accel: Accel::Tcg, boot: None };
+        SandboxHandle { id: id.into(), backend: Backend::Microvm, state: serde_json::to_value(state).unwrap() }
+    }
+
+    #[tokio::test]
+    async fn a_pause_that_cannot_reach_qemu_answers_gone() {
+        let run_dir = tempfile::tempdir().unwrap();
+        let driver = driver(run_dir.path());
+        let vm = fake_vm(&driver, "noqmp");
+        assert!(matches!(driver.pause(&vm), Err(BackendError::Gone)));
+        assert_eq!(driver.seen("noqmp"), Seen::Running { exited: false, paused: false }, "left as it was");
+        assert!(matches!(driver.pause_to_disk(&vm), Err(BackendError::Gone)));
+        assert!(!driver.dir("noqmp").join(PAUSED_MEM).exists());
+    }
+
+    /// The CI flake: a probe's ping was in flight when a pause to disk took
+    /// the VM out of `running` and dropped its mux; the ping failed, the
+    /// probe found the VM in neither map and the node ended the sandbox,
+    /// removing its directory (QMP socket included) under the pause.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_probe_whose_ping_a_pause_to_disk_cuts_sees_the_vm_alive() {
+        let run_dir = tempfile::tempdir().unwrap();
+        let driver = Arc::new(driver(run_dir.path()));
+        let vm = fake_vm(&driver, "moving");
+        let (pinged, ping_in_flight) = mpsc::channel();
+        let (cut_tx, cut) = mpsc::channel::<()>();
+        // init's end of the control socket: takes the probe's ping and
+        // answers nothing until the pause has begun, then drops it (as the
+        // pause's dropped mux does).
+        let ctl = UnixListener::bind(driver.ctl_sock("moving")).unwrap();
+        let init = std::thread::spawn(move || {
+            let (mut conn, _) = ctl.accept().unwrap();
+            let mut byte = [0u8; 1];
+            conn.read_exact(&mut byte).unwrap();
+            pinged.send(()).unwrap();
+            // Ends when the sender goes.
+            let _ = cut.recv();
+        });
+        // QEMU's QMP: `stop` (the pause's first command after the mux is
+        // gone) ends the ping, then waits for the probe's verdict.
+        let (verdict_tx, verdict) = mpsc::channel::<Liveness>();
+        let qmp = UnixListener::bind(driver.qmp_sock("moving")).unwrap();
+        let qemu = std::thread::spawn(move || {
+            let mut cut_tx = Some(cut_tx);
+            let mut seen = Vec::new();
+            while seen.last().map(String::as_str) != Some("query-migrate") {
+                let (conn, _) = qmp.accept().unwrap();
+                let mut out = conn.try_clone().unwrap();
+                out.write_all(b"{\"QMP\": {}}\n").unwrap();
+                for line in BufReader::new(conn).lines() {
+                    let request: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+                    let command = request["execute"].as_str().unwrap().to_string();
+                    if command == "stop" {
+                        drop(cut_tx.take());
+                        seen.push(format!("probe: {:?}", verdict.recv().unwrap()));
+                    }
+                    let answer = match command.as_str() {
+                        "query-migrate" => r#"{"return": {"status": "completed"}}"#,
+                        _ => r#"{"return": {}}"#,
+                    };
+                    out.write_all(format!("{answer}\n").as_bytes()).unwrap();
+                    seen.push(command);
+                    if seen.last().map(String::as_str) == Some("query-migrate") {
+                        break;
+                    }
+                }
+            }
+            seen
+        });
+        let probe = tokio::spawn({
+            let (driver, vm) = (Arc::clone(&driver), vm.clone());
+            async move { driver.probe(&vm).await }
+        });
+        tokio::task::spawn_blocking(move || ping_in_flight.recv().unwrap()).await.unwrap();
+        let pause = tokio::task::spawn_blocking({
+            let (driver, vm) = (Arc::clone(&driver), vm.clone());
+            move || driver.pause_to_disk(&vm)
+        });
+        let liveness = probe.await.unwrap();
+        verdict_tx.send(liveness).unwrap();
+        pause.await.unwrap().unwrap();
+        init.join().unwrap();
+        let seen = qemu.join().unwrap();
+        assert!(seen.contains(&"probe: Alive".to_string()), "{seen:?}");
+        assert_eq!(liveness, Liveness::Alive);
+        assert_eq!(driver.seen("moving"), Seen::OnDisk);
+        assert_eq!(driver.probe(&vm).await, Liveness::Alive, "paused to disk");
+    }
 }

@@ -93,6 +93,12 @@ pub fn wait_incoming(sock: &Path, timeout: Duration) -> Result<Status> {
             Ok(status) if status.status != "inmigrate" => return Ok(status),
             Ok(_) => {}
             // QEMU creates its socket a moment after it starts.
+            Err(BackendError::Gone) if std::time::Instant::now() >= deadline => {
+                return Err(BackendError::Protocol(format!(
+                    "QEMU did not serve QMP on {} within {timeout:?}",
+                    sock.display()
+                )))
+            }
             Err(e) if std::time::Instant::now() >= deadline => return Err(e),
             Err(_) => {}
         }
@@ -118,7 +124,13 @@ struct Session {
 impl Session {
     fn open(sock: &Path) -> Result<Session> {
         let io = |what: &str, e: std::io::Error| BackendError::io(format!("QMP {what} on {}", sock.display()), e);
-        let stream = UnixStream::connect(sock).map_err(|e| io("connect", e))?;
+        let stream = UnixStream::connect(sock).map_err(|e| match e.kind() {
+            // No QEMU serves the socket: it exited (and the VM with it) or
+            // the sandbox's directory was removed. Either way the VM is
+            // gone, which callers answer as such rather than as a fault.
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => BackendError::Gone,
+            _ => io("connect", e),
+        })?;
         stream.set_read_timeout(Some(QMP_TIMEOUT)).map_err(|e| io("set timeout", e))?;
         stream.set_write_timeout(Some(QMP_TIMEOUT)).map_err(|e| io("set timeout", e))?;
         let writer = stream.try_clone().map_err(|e| io("clone", e))?;
@@ -300,8 +312,12 @@ mod tests {
     }
 
     #[test]
-    fn no_qemu_is_an_error() {
+    fn no_qemu_is_a_gone_vm() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(stop(&dir.path().join("qmp.sock")).is_err());
+        let sock = dir.path().join("qmp.sock");
+        assert!(matches!(stop(&sock), Err(BackendError::Gone)), "no socket");
+        // A socket left by a QEMU that was killed: nobody listens.
+        drop(UnixListener::bind(&sock).unwrap());
+        assert!(matches!(stop(&sock), Err(BackendError::Gone)), "a stale socket");
     }
 }
