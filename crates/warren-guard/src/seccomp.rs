@@ -35,13 +35,16 @@
 //! `clone3` is refused because it keeps its flags in memory a filter cannot
 //! see; libc's fallback `clone` has them in a register.
 //!
-//! The filter is built for x86_64: the deny rules with `seccompiler`, then
-//! changed in ways `seccompiler` cannot express (see [`compile`]):
-//! refusals become `SECCOMP_RET_USER_NOTIF`, the answer groups are chained
-//! into one program, an ABI fence comes first and the allowlist last, as
-//! sorted ranges of numbers (a few dozen comparisons; and the kernel's
-//! seccomp cache, which proves at install time which calls the filter
-//! allows whatever their arguments, lets those skip it altogether). The fence kills a process that makes a system call of
+//! The filter is built for x86_64 by [`compile`]: an ABI fence first, then
+//! a binary search over the system-call number whose leaves return the
+//! call's answer or, for the few rules that judge arguments, jump to that
+//! rule's checks (a set of ioctl commands or personas is a binary search
+//! too). About ten comparisons decide a call; and the kernel's seccomp
+//! cache, which proves at install time which calls the filter allows
+//! whatever their arguments, lets those skip it altogether. (It was a row
+//! of rules built by `seccompiler` before: the same answers, which a test
+//! checks number by number against that compiler, kept in
+//! `seccomp/linear.rs`.) The fence kills a process that makes a system call of
 //! another ABI (`int 0x80`, a 32-bit binary): its numbers differ, so this
 //! profile could not judge it. It refuses the x32 ABI (numbers with bit 30
 //! set), which would reach the same kernel functions under other numbers
@@ -55,15 +58,13 @@
 //! over a default of ALLOW), for bisecting a workload the allowlist breaks.
 
 mod allow;
+#[cfg(test)]
+mod linear;
 mod syscalls;
 
 pub use allow::{ALLOWED_SYSCALLS, REFUSED_UNLISTED};
 
 use std::collections::BTreeMap;
-
-use seccompiler::{
-    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
-};
 
 pub use seccompiler::{sock_filter, BpfProgram};
 
@@ -75,8 +76,6 @@ pub enum SeccompError {
     UnknownSyscall(&'static str),
     #[error("system call {0:?} has more than one deny rule")]
     DuplicateRule(&'static str),
-    #[error("seccompiler: {0}")]
-    Backend(#[from] seccompiler::BackendError),
     #[error("the filter has {0} instructions; the kernel takes at most {BPF_MAXINSNS}")]
     TooLong(usize),
 }
@@ -482,12 +481,18 @@ pub const BPF_MAXINSNS: usize = 4096;
 const BPF_LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
 const BPF_JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
 const BPF_JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
+/// Only the old row of rules and the tests compare with `jgt`.
+#[cfg(test)]
 const BPF_JGT_K: u16 = (libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K) as u16;
 const BPF_JA: u16 = (libc::BPF_JMP | libc::BPF_JA) as u16;
 const BPF_RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+const BPF_JSET_K: u16 = (libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K) as u16;
+const BPF_ALU_AND_K: u16 = (libc::BPF_ALU | libc::BPF_AND | libc::BPF_K) as u16;
 /// Offsets in `struct seccomp_data`.
 const DATA_NR: u32 = 0;
 const DATA_ARCH: u32 = 4;
+/// The low half of the first argument (x86_64 is little-endian).
+const DATA_ARGS: u32 = 16;
 
 /// Where refusals go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -535,10 +540,16 @@ impl<'a> Profile<'a> {
     }
 }
 
-/// Compiles `profile` into one x86_64 filter: the ABI fence, then the
-/// `Refuse` rules, then the `Absent` rules, each group built by seccompiler
-/// (default ALLOW) and chained to the next by turning its ALLOW returns
-/// into jumps past its end, then the allowlist, if any.
+/// Compiles `profile` into one x86_64 filter: the ABI fence, then a binary
+/// search over the system-call number (runs of numbers that get the same
+/// answer are one leaf), whose leaves either return at once or jump to the
+/// argument checks of a rule that judges its call's arguments.
+///
+/// Why a tree and not the rules one after another: every call the kernel
+/// cannot cache runs the filter, and at install time the kernel runs it
+/// once per system-call number to build that cache. In a row of rules
+/// every number walks past each rule's comparison (689 instructions,
+/// about 82,000 emulated at install); in the tree it takes about ten.
 pub fn compile(profile: &Profile<'_>, delivery: Delivery) -> Result<BpfProgram, SeccompError> {
     let rules = profile.rules;
     check_one_rule_per_syscall(rules)?;
@@ -546,79 +557,189 @@ pub fn compile(profile: &Profile<'_>, delivery: Delivery) -> Result<BpfProgram, 
         Delivery::Notify => libc::SECCOMP_RET_USER_NOTIF,
         Delivery::Errno => errno_action(libc::EPERM),
     };
-    let mut groups = Vec::new();
-    for answer in [Answer::Refuse, Answer::Absent] {
-        let chosen: Vec<&DenyRule> = rules.iter().filter(|r| r.answer == answer).collect();
-        if chosen.is_empty() {
-            continue;
+    let answer_action = |answer: Answer| match answer {
+        Answer::Refuse => refusal,
+        Answer::Absent => errno_action(libc::ENOSYS),
+    };
+    // What a call no rule refused gets: known calls by the allowlist,
+    // numbers outside the kernel's table `unknown`.
+    let (mut verdicts, unknown) = match profile.allowed {
+        None => (BTreeMap::new(), libc::SECCOMP_RET_ALLOW),
+        Some(allowed) => {
+            let unknown = match delivery {
+                Delivery::Notify => libc::SECCOMP_RET_USER_NOTIF,
+                Delivery::Errno => errno_action(libc::ENOSYS),
+            };
+            let mut verdicts: BTreeMap<u32, Leaf> =
+                X86_64_SYSCALLS.iter().map(|(_, nr)| (*nr as u32, Leaf::Return(refusal))).collect();
+            for name in allowed {
+                let nr = syscall_number(name).ok_or(SeccompError::UnknownSyscall(name))?;
+                verdicts.insert(nr as u32, Leaf::Return(libc::SECCOMP_RET_ALLOW));
+            }
+            (verdicts, unknown)
         }
-        let mut group = seccompiler_program(&chosen, answer)?;
-        if answer == Answer::Refuse {
-            rewrite_returns(&mut group, errno_action(libc::EPERM), refusal);
-        }
-        groups.push(group);
-    }
-    if let Some(allowed) = profile.allowed {
-        let unknown = match delivery {
-            Delivery::Notify => libc::SECCOMP_RET_USER_NOTIF,
-            Delivery::Errno => errno_action(libc::ENOSYS),
+    };
+    let mut judged = Vec::new();
+    for rule in rules {
+        let nr = syscall_number(rule.syscall).ok_or(SeccompError::UnknownSyscall(rule.syscall))? as u32;
+        let refuse = answer_action(rule.answer);
+        let leaf = match rule.when {
+            When::Always => Leaf::Return(refuse),
+            when => {
+                let pass = match verdicts.get(&nr) {
+                    Some(Leaf::Return(action)) => *action,
+                    _ => unknown,
+                };
+                judged.push(argument_checks(&when, refuse, pass));
+                Leaf::Jump(judged.len() - 1)
+            }
         };
-        groups.push(allowlist(allowed, refusal, unknown)?);
+        verdicts.insert(nr, leaf);
     }
+    let mut spans: Vec<(u32, Leaf)> = Vec::new();
+    let mut next = 0u32;
+    for (nr, leaf) in verdicts {
+        if nr > next {
+            push_span(&mut spans, next, Leaf::Return(unknown));
+        }
+        push_span(&mut spans, nr, leaf);
+        next = nr + 1;
+    }
+    push_span(&mut spans, next, Leaf::Return(unknown));
+
     let mut program = abi_fence(refusal);
-    program.extend(chain(groups));
+    // The fence leaves the number in the accumulator.
+    let tree = search_tree(&spans);
+    // Each rule's checks follow the tree, in the order of `judged`.
+    let mut starts = Vec::with_capacity(judged.len());
+    let mut at = program.len() + tree.len();
+    for checks in &judged {
+        starts.push(at);
+        at += checks.len();
+    }
+    for insn in tree {
+        program.push(match insn {
+            Insn::Plain(insn) => insn,
+            Insn::JumpTo(rule) => {
+                let after = program.len() + 1;
+                stmt(BPF_JA, (starts[rule] - after) as u32)
+            }
+        });
+    }
+    for checks in judged {
+        program.extend(checks);
+    }
     if program.len() > BPF_MAXINSNS {
         return Err(SeccompError::TooLong(program.len()));
     }
     Ok(program)
 }
 
-/// The allowlist as the last group: ALLOW for `allowed`, `refusal` for the
-/// other calls of the kernel's table, `unknown` for every other number.
-fn allowlist(allowed: &[&'static str], refusal: u32, unknown: u32) -> Result<BpfProgram, SeccompError> {
-    let numbers = allowed
-        .iter()
-        .map(|name| syscall_number(name).ok_or(SeccompError::UnknownSyscall(name)))
-        .collect::<Result<Vec<_>, _>>()?;
-    let known: Vec<i64> = X86_64_SYSCALLS.iter().map(|(_, nr)| *nr).collect();
-    let mut program = vec![stmt(BPF_LD_W_ABS, DATA_NR)];
-    program.extend(range_checks(&ranges(numbers), libc::SECCOMP_RET_ALLOW));
-    if refusal != unknown {
-        program.extend(range_checks(&ranges(known), refusal));
-    }
-    program.push(stmt(BPF_RET_K, unknown));
-    Ok(program)
+/// What the tree does with a run of numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leaf {
+    Return(u32),
+    /// Jump to the argument checks of `judged[i]`.
+    Jump(usize),
 }
 
-/// Sorted, merged runs of consecutive numbers.
-fn ranges(mut numbers: Vec<i64>) -> Vec<(u32, u32)> {
-    numbers.sort_unstable();
-    numbers.dedup();
-    let mut out: Vec<(u32, u32)> = Vec::new();
-    for nr in numbers {
-        let nr = nr as u32;
-        match out.last_mut() {
-            Some((_, hi)) if *hi + 1 == nr => *hi = nr,
-            _ => out.push((nr, nr)),
+/// A tree instruction before the checks' places are known.
+enum Insn {
+    Plain(sock_filter),
+    JumpTo(usize),
+}
+
+/// Appends the run starting at `lo`, merged into the previous one when it
+/// returns the same.
+fn push_span(spans: &mut Vec<(u32, Leaf)>, lo: u32, leaf: Leaf) {
+    // A run that would be empty gives way to the new one.
+    if spans.last().is_some_and(|(last_lo, _)| *last_lo == lo) {
+        spans.pop();
+    }
+    match spans.last() {
+        Some((_, last)) if *last == leaf && matches!(leaf, Leaf::Return(_)) => {}
+        _ => spans.push((lo, leaf)),
+    }
+}
+
+/// A binary search over the accumulator for `spans` (sorted by their first
+/// value, the first one starting at 0, each running up to the next one's
+/// start): `jge` at each node, the lower half inline after it.
+fn search_tree(spans: &[(u32, Leaf)]) -> Vec<Insn> {
+    if let [(_, leaf)] = spans {
+        return vec![match *leaf {
+            Leaf::Return(action) => Insn::Plain(stmt(BPF_RET_K, action)),
+            Leaf::Jump(rule) => Insn::JumpTo(rule),
+        }];
+    }
+    let mid = spans.len() / 2;
+    let (lower, upper) = (search_tree(&spans[..mid]), search_tree(&spans[mid..]));
+    let split = spans[mid].0;
+    let mut out = Vec::with_capacity(lower.len() + upper.len() + 2);
+    match u8::try_from(lower.len()) {
+        Ok(skip) => out.push(Insn::Plain(jump(BPF_JGE_K, split, skip, 0))),
+        // Too far for a conditional jump's 8 bits: through a `ja`.
+        Err(_) => {
+            out.push(Insn::Plain(jump(BPF_JGE_K, split, 0, 1)));
+            out.push(Insn::Plain(stmt(BPF_JA, lower.len() as u32)));
         }
     }
+    out.extend(lower);
+    out.extend(upper);
     out
 }
 
-/// Returns `hit` when the loaded number is in one of `ranges` (sorted);
-/// otherwise falls through to the instruction after the checks. Four
-/// instructions a range, so that every jump is short except the `ja`,
-/// whose offset has 32 bits.
-fn range_checks(ranges: &[(u32, u32)], hit: u32) -> BpfProgram {
-    let mut out = Vec::with_capacity(ranges.len() * 4);
-    for (i, &(lo, hi)) in ranges.iter().enumerate() {
-        let later = (ranges.len() - i - 1) * 4;
-        // Above this range: try the next one (or fall out after the last).
-        out.push(jump(BPF_JGT_K, hi, 3, 0));
-        // Below it (and above the previous one): in no range.
-        out.push(jump(BPF_JGE_K, lo, 0, 1));
-        out.push(stmt(BPF_RET_K, hit));
-        out.push(stmt(BPF_JA, later as u32));
+/// The checks of a rule that judges arguments: `refuse` when it objects,
+/// `pass` otherwise. Each loads the low half of its argument, as the
+/// kernel reads a 32-bit argument.
+fn argument_checks(when: &When, refuse: u32, pass: u32) -> BpfProgram {
+    let load = |arg: u8| stmt(BPF_LD_W_ABS, DATA_ARGS + 8 * u32::from(arg));
+    let member_of = |values: &mut Vec<u32>, inside: u32, outside: u32| {
+        values.sort_unstable();
+        values.dedup();
+        let mut spans = Vec::new();
+        for v in values.iter().copied() {
+            push_span(&mut spans, v, Leaf::Return(inside));
+            if v < u32::MAX {
+                push_span(&mut spans, v + 1, Leaf::Return(outside));
+            }
+        }
+        if spans.first().is_none_or(|(lo, _)| *lo != 0) {
+            spans.insert(0, (0, Leaf::Return(outside)));
+        }
+        search_tree(&spans).into_iter().map(|insn| match insn {
+            Insn::Plain(insn) => insn,
+            Insn::JumpTo(_) => unreachable!("only returns in a set's tree"),
+        })
+    };
+    let mut out = Vec::new();
+    match *when {
+        When::Always => out.push(stmt(BPF_RET_K, refuse)),
+        When::AnyFlag { arg, flags } => {
+            // Each flag is refused when all of its bits are set, so a
+            // flag of one bit is a `jset`; all of those share one.
+            let bits: u32 = flags.iter().filter(|f| f.value.is_power_of_two()).fold(0, |m, f| m | f.value);
+            out.push(load(arg));
+            if bits != 0 {
+                out.push(jump(BPF_JSET_K, bits, 0, 1));
+                out.push(stmt(BPF_RET_K, refuse));
+            }
+            for flag in flags.iter().filter(|f| !f.value.is_power_of_two()) {
+                out.push(stmt(BPF_ALU_AND_K, flag.value));
+                out.push(jump(BPF_JEQ_K, flag.value, 0, 1));
+                out.push(stmt(BPF_RET_K, refuse));
+                out.push(load(arg));
+            }
+            out.push(stmt(BPF_RET_K, pass));
+        }
+        When::NotOneOf { arg, allowed } => {
+            out.push(load(arg));
+            out.extend(member_of(&mut allowed.to_vec(), pass, refuse));
+        }
+        When::IoctlCommand(commands) => {
+            out.push(load(1));
+            out.extend(member_of(&mut commands.iter().map(|c| c.command).collect(), refuse, pass));
+        }
     }
     out
 }
@@ -635,72 +756,6 @@ fn check_one_rule_per_syscall(rules: &[DenyRule]) -> Result<(), SeccompError> {
         }
     }
     Ok(())
-}
-
-/// One seccompiler filter for rules that share an answer: their calls
-/// return `SECCOMP_RET_ERRNO | answer.errno()`, everything else ALLOW.
-fn seccompiler_program(rules: &[&DenyRule], answer: Answer) -> Result<BpfProgram, SeccompError> {
-    let mut by_number = BTreeMap::new();
-    for rule in rules {
-        let number = syscall_number(rule.syscall).ok_or(SeccompError::UnknownSyscall(rule.syscall))?;
-        by_number.insert(number, seccompiler_rules(&rule.when)?);
-    }
-    let filter = SeccompFilter::new(
-        by_number,
-        SeccompAction::Allow,
-        SeccompAction::Errno(answer.errno() as u32),
-        TargetArch::x86_64,
-    )?;
-    Ok(filter.try_into()?)
-}
-
-/// The conditions of one rule, as seccompiler rules (any one matching
-/// refuses the call; an empty list refuses it always).
-fn seccompiler_rules(when: &When) -> Result<Vec<SeccompRule>, SeccompError> {
-    let dword =
-        |arg: u8, op: SeccompCmpOp, value: u32| SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value.into());
-    let rules = match *when {
-        When::Always => Vec::new(),
-        When::AnyFlag { arg, flags } => flags
-            .iter()
-            .map(|flag| SeccompRule::new(vec![dword(arg, SeccompCmpOp::MaskedEq(flag.value.into()), flag.value)?]))
-            .collect::<Result<_, _>>()?,
-        When::NotOneOf { arg, allowed } => {
-            let conditions = allowed.iter().map(|v| dword(arg, SeccompCmpOp::Ne, *v)).collect::<Result<_, _>>()?;
-            vec![SeccompRule::new(conditions)?]
-        }
-        When::IoctlCommand(commands) => commands
-            .iter()
-            .map(|c| SeccompRule::new(vec![dword(1, SeccompCmpOp::Eq, c.command)?]))
-            .collect::<Result<_, _>>()?,
-    };
-    Ok(rules)
-}
-
-/// Replaces every `ret from` by `ret to`.
-fn rewrite_returns(program: &mut BpfProgram, from: u32, to: u32) {
-    for insn in program.iter_mut().filter(|i| i.code == BPF_RET_K && i.k == from) {
-        insn.k = to;
-    }
-}
-
-/// Concatenates filters: in every one but the last, `ret ALLOW` becomes a
-/// jump to the first instruction after it, i.e. to the next filter.
-fn chain(groups: Vec<BpfProgram>) -> BpfProgram {
-    let count = groups.len();
-    let mut out = Vec::new();
-    for (i, mut group) in groups.into_iter().enumerate() {
-        if i + 1 < count {
-            let len = group.len();
-            for (at, insn) in group.iter_mut().enumerate() {
-                if insn.code == BPF_RET_K && insn.k == libc::SECCOMP_RET_ALLOW {
-                    *insn = stmt(BPF_JA, (len - 1 - at) as u32);
-                }
-            }
-        }
-        out.extend(group);
-    }
-    out
 }
 
 /// Kills a process that calls through another ABI, refuses the x32 ABI
@@ -857,6 +912,10 @@ mod tests {
     /// Runs a classic-BPF seccomp program the way the kernel does, for the
     /// instructions seccompiler and this module emit.
     fn run(program: &[sock_filter], nr: i64, arch: u32, args: [u64; 6]) -> u32 {
+        run_counting(program, nr, arch, args, &mut 0)
+    }
+
+    fn run_counting(program: &[sock_filter], nr: i64, arch: u32, args: [u64; 6], steps: &mut usize) -> u32 {
         let word = |offset: u32| -> u32 {
             match offset {
                 0 => nr as u32,
@@ -877,6 +936,7 @@ mod tests {
         loop {
             let insn = &program[pc];
             pc += 1;
+            *steps += 1;
             let cond = |taken: bool| if taken { usize::from(insn.jt) } else { usize::from(insn.jf) };
             match insn.code {
                 BPF_LD_W_ABS => acc = word(insn.k),
@@ -885,6 +945,7 @@ mod tests {
                 BPF_JEQ_K => pc += cond(acc == insn.k),
                 BPF_JGE_K => pc += cond(acc >= insn.k),
                 c if c == (libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K) as u16 => pc += cond(acc > insn.k),
+                BPF_JSET_K => pc += cond(acc & insn.k != 0),
                 BPF_RET_K => return insn.k,
                 other => panic!("unexpected instruction {other:#x} at {}", pc - 1),
             }
@@ -1155,8 +1216,7 @@ mod tests {
     }
 
     #[test]
-    fn chained_groups_fall_through_to_allow() {
-        // Only the Absent group: no chaining, clone3 still ENOSYS.
+    fn a_profile_of_only_absent_rules_allows_everything_else() {
         let only_absent: Vec<DenyRule> = DENY_RULES.iter().filter(|r| r.answer == Answer::Absent).copied().collect();
         let program = compile(&Profile::deny_list(&only_absent), Delivery::Notify).unwrap();
         assert_eq!(x86(&program, "clone3", [0; 6]), errno_action(libc::ENOSYS));
@@ -1185,6 +1245,7 @@ mod tests {
                 BPF_JEQ_K => pc += usize::from(if acc == insn.k { insn.jt } else { insn.jf }),
                 BPF_JGE_K => pc += usize::from(if acc >= insn.k { insn.jt } else { insn.jf }),
                 BPF_JGT_K => pc += usize::from(if acc > insn.k { insn.jt } else { insn.jf }),
+                BPF_JSET_K => pc += usize::from(if acc & insn.k != 0 { insn.jt } else { insn.jf }),
                 c if c == (libc::BPF_ALU | libc::BPF_AND | libc::BPF_K) as u16 => acc &= insn.k,
                 _ => return false,
             }
@@ -1365,15 +1426,92 @@ mod tests {
         }
     }
 
-    #[test]
-    fn ranges_merge_runs_and_the_checks_find_each_number() {
-        assert_eq!(ranges(vec![5, 1, 2, 3, 9, 10, 3]), vec![(1, 3), (5, 5), (9, 10)]);
-        let mut program = vec![stmt(BPF_LD_W_ABS, DATA_NR)];
-        program.extend(range_checks(&ranges(vec![1, 2, 3, 5, 9, 10]), ALLOW));
-        program.push(stmt(BPF_RET_K, NOTIFY));
-        for nr in 0..12 {
-            let want = if [1, 2, 3, 5, 9, 10].contains(&nr) { ALLOW } else { NOTIFY };
-            assert_eq!(run(&program, nr, AUDIT_ARCH_X86_64, [0; 6]), want, "{nr}");
+    /// Calls whose answer depends on the arguments get, besides zeros and
+    /// their probes, each listed value, its neighbours and some high bits.
+    fn argument_cases(when: &When) -> Vec<[u64; 6]> {
+        let with = |arg: u8, value: u64| {
+            let mut args = [0u64; 6];
+            args[usize::from(arg)] = value;
+            args
+        };
+        let (arg, values): (u8, Vec<u32>) = match *when {
+            When::Always => return vec![[0; 6]],
+            When::AnyFlag { arg, flags } => {
+                let all = flags.iter().fold(0, |m, f| m | f.value);
+                let mut values: Vec<u32> = flags.iter().map(|f| f.value).collect();
+                values.extend([
+                    all,
+                    !all,
+                    u32::MAX,
+                    libc::SIGCHLD as u32,
+                    (libc::CLONE_VM | libc::CLONE_THREAD) as u32,
+                ]);
+                (arg, values)
+            }
+            When::NotOneOf { arg, allowed } => (arg, allowed.to_vec()),
+            When::IoctlCommand(commands) => (1, commands.iter().map(|c| c.command).collect()),
+        };
+        let mut out = vec![[0; 6]];
+        for v in values {
+            for near in [v.wrapping_sub(1), v, v.wrapping_add(1)] {
+                out.push(with(arg, u64::from(near)));
+                out.push(with(arg, u64::from(near) | 0xdead_beef_0000_0000));
+            }
         }
+        out.extend([with(arg, u64::from(u32::MAX)), with(arg, u64::MAX), with(arg, 1 << 32)]);
+        out
+    }
+
+    #[test]
+    fn the_tree_answers_every_call_as_the_row_of_rules_did() {
+        let max = X86_64_SYSCALLS.iter().map(|(_, nr)| *nr).max().unwrap();
+        let numbers: Vec<i64> = (0..=max + 64)
+            .chain([1000, 0x3fff_ffff, 0x4000_0000, 0x4000_0001, 0x4000_00a5, 0x7fff_ffff, 0x8000_0000, 0xffff_ffff])
+            .chain([-1, -2, i64::from(i32::MIN)])
+            .collect();
+        const AUDIT_ARCH_I386: u32 = 3 | 0x4000_0000;
+        let deny_list = Profile::deny_list(DENY_RULES);
+        let only_absent: Vec<DenyRule> = DENY_RULES.iter().filter(|r| r.answer == Answer::Absent).copied().collect();
+        let only_refuse: Vec<DenyRule> = DENY_RULES.iter().filter(|r| r.answer == Answer::Refuse).copied().collect();
+        let profiles = [
+            SANDBOX_PROFILE,
+            deny_list,
+            Profile::deny_list(&only_absent),
+            Profile { rules: &only_refuse, allowed: Some(ALLOWED_SYSCALLS) },
+            Profile { rules: &[], allowed: Some(ALLOWED_SYSCALLS) },
+        ];
+        let mut compared = 0;
+        for profile in &profiles {
+            for delivery in [Delivery::Notify, Delivery::Errno] {
+                let tree = compile(profile, delivery).unwrap();
+                let row = linear::compile(profile, delivery).unwrap();
+                for &nr in &numbers {
+                    let rule = profile.rules.iter().find(|r| syscall_number(r.syscall) == Some(nr));
+                    let cases = rule.map_or_else(|| vec![[0; 6], [u64::MAX; 6]], |r| argument_cases(&r.when));
+                    for args in cases {
+                        for arch in [AUDIT_ARCH_X86_64, AUDIT_ARCH_I386, 0] {
+                            let (want, got) = (run(&row, nr, arch, args), run(&tree, nr, arch, args));
+                            assert_eq!(got, want, "nr {nr} arch {arch:#x} args {args:x?} {delivery:?}");
+                            compared += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(compared > 20_000, "{compared}");
+        // And what it saves: the old row against the tree.
+        let (tree, row) = (
+            compile(&SANDBOX_PROFILE, Delivery::Notify).unwrap(),
+            linear::compile(&SANDBOX_PROFILE, Delivery::Notify).unwrap(),
+        );
+        let steps = |program: &[sock_filter]| (0..=max).map(|nr| steps_to_answer(program, nr)).sum::<usize>();
+        assert!(steps(&tree) * 4 < steps(&row), "tree {} vs row {} steps", steps(&tree), steps(&row));
+    }
+
+    /// Instructions the kernel runs to answer call `nr` with zero arguments.
+    fn steps_to_answer(program: &[sock_filter], nr: i64) -> usize {
+        let mut steps = 0;
+        run_counting(program, nr, AUDIT_ARCH_X86_64, [0; 6], &mut steps);
+        steps
     }
 }
