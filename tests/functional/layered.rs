@@ -251,3 +251,53 @@ async fn a_node_on_an_s3_blob_store_keeps_its_chunks_in_the_bucket() {
     assert!(!server.data_dir().join("blobs").exists(), "and not in the node's data dir");
     server.finish().await;
 }
+
+async fn layer_stats(server: &TestServer) -> Vec<warren_api::LayerCacheStats> {
+    let (status, stats) = server.call(Method::GET, "/v1/images/stats", None).await;
+    assert_eq!(status, StatusCode::OK, "{stats}");
+    serde_json::from_value(stats["layers"].clone()).unwrap()
+}
+
+#[tokio::test]
+async fn image_stats_count_the_access_trace_one_node_stores_and_the_next_replays() {
+    let mut server = TestServer::start().await;
+    import_lazybox(&server).await;
+    let sb = server.create(small(json!({"image": "lazybox"}))).await;
+    server.sh_ok(&sb.id, "cat /bin/busybox > /dev/null").await;
+    server.delete(&sb.id).await;
+    // The layer's last lease went: its trace is stored in the background.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let recorded = loop {
+        let layers = layer_stats(&server).await;
+        if layers.first().is_some_and(|l| l.traces_published == 1) {
+            break layers[0].clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "no trace stored: {layers:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(recorded.traced_units >= 1, "{recorded:?}");
+    assert_eq!(recorded.trace_units_replayed, 0, "no trace was stored before: {recorded:?}");
+
+    // The same node with its layer cache gone is new to the layer: the
+    // create replays the stored trace.
+    server.stop().await;
+    std::fs::remove_dir_all(server.data_dir().join("layer-cache")).unwrap();
+    server.launch().await;
+    let sb = server.create(small(json!({"image": "lazybox"}))).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let replayed = loop {
+        let layers = layer_stats(&server).await;
+        let l = layers.first().cloned().expect("the layer is cached again");
+        if l.trace_units_replayed >= 1 {
+            break l;
+        }
+        assert!(std::time::Instant::now() < deadline, "the trace was not replayed: {l:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(replayed.failed_trace_units, 0, "{replayed:?}");
+    assert!(replayed.trace_bytes_replayed > 0, "{replayed:?}");
+    assert!(replayed.trace_units_replayed <= recorded.traced_units, "{replayed:?}");
+    assert!(replayed.traced_units >= recorded.traced_units, "the replayed trace seeds the node's own: {replayed:?}");
+    assert_eq!(server.sh_ok(&sb.id, "head -c 5 /etc/group").await, "root:");
+    server.finish().await;
+}

@@ -552,6 +552,22 @@ pub struct LayerCacheStats {
     pub prefetched_units: u64,
     #[serde(default)]
     pub prefetched_units_used: u64,
+    /// Pieces fetched because the layer's stored access trace named them
+    /// (each verified like a demand fill's; part of `chunks_fetched`), their
+    /// bytes, and those refused (fetch failed or digest mismatch; left for
+    /// reads to fetch on demand).
+    #[serde(default)]
+    pub trace_units_replayed: u64,
+    #[serde(default)]
+    pub trace_bytes_replayed: u64,
+    #[serde(default)]
+    pub failed_trace_units: u64,
+    /// Pieces in this node's access trace of the layer, and how many times
+    /// this node stored the trace in the blob store.
+    #[serde(default)]
+    pub traced_units: u64,
+    #[serde(default)]
+    pub traces_published: u64,
     /// Sandboxes (and pool members) using the layer now.
     pub leases: u64,
     pub mounted: bool,

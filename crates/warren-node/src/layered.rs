@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use warren_api::ImageInfo;
 use warren_image::blob::{BlobStore, ChunkSource, LayerMeta, S3Config};
-use warren_image::cache::{CacheConfig, HolderCommand, LayerCache, LayerLease};
+use warren_image::cache::{CacheConfig, HolderCommand, LayerCache, LayerLease, PrefetchConfig};
 use warren_image::erofs::{self, BuildOptions};
 use warren_image::layer::{ImageConfig, ImageManifest, LayerManifest, LayerRole};
 use warren_image::oci;
@@ -41,6 +41,13 @@ pub struct BlobStoreConfig {
     /// Readahead window of the node's layer mounts in KiB (default
     /// `warren_image::cache::DEFAULT_READAHEAD_KB`; 0 = the kernel's).
     pub layer_readahead_kb: Option<u32>,
+    /// Prefetch, whole-small-file fetch and access-trace settings of the
+    /// node's layer cache (`warren serve --layer-*`; default
+    /// `PrefetchConfig::default()`).
+    pub layer_prefetch: PrefetchConfig,
+    /// Fill events the layer cache serves at once (default
+    /// `warren_image::cache::DEFAULT_FILL_THREADS`).
+    pub layer_fill_threads: Option<usize>,
 }
 
 pub struct LayeredImages {
@@ -86,6 +93,8 @@ impl LayeredImages {
         }
         let config = CacheConfig {
             holder,
+            prefetch: store.layer_prefetch,
+            fill_threads: store.layer_fill_threads.unwrap_or(warren_image::cache::DEFAULT_FILL_THREADS).max(1),
             readahead_kb: match store.layer_readahead_kb {
                 Some(0) => None,
                 Some(kb) => Some(kb),
@@ -411,6 +420,11 @@ impl LayeredImages {
                     prefetched_bytes: l.prefetched_bytes,
                     prefetched_units: l.prefetched_units,
                     prefetched_units_used: l.prefetched_units_used,
+                    trace_units_replayed: l.trace_units_replayed,
+                    trace_bytes_replayed: l.trace_bytes_replayed,
+                    failed_trace_units: l.failed_trace_units,
+                    traced_units: l.traced_units,
+                    traces_published: l.traces_published,
                     leases: l.leases as u64,
                     mounted: l.mounted,
                 })
@@ -487,5 +501,43 @@ fn image_info(image: &ImageManifest) -> ImageInfo {
         name: image.name.clone(),
         layers: image.layers.iter().map(|l| format!("{}@{}", l.name, l.version)).collect(),
         created_at_ms: now_ms(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The node's blob-store settings are the layer cache's: a setting
+    /// dropped on the way fails here.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn layer_cache_settings_reach_the_cache_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let prefetch =
+            PrefetchConfig { max_ahead_bytes: 8 << 10, max_requests: 3, whole_file_bytes: 0, trace_requests: 5 };
+        let store = BlobStoreConfig {
+            layer_readahead_kb: Some(64),
+            layer_prefetch: prefetch,
+            layer_fill_threads: Some(6),
+            ..BlobStoreConfig::default()
+        };
+        let holder = HolderCommand::current_exe().unwrap();
+        let images = LayeredImages::open(dir.path(), holder, 1 << 30, &store).await.unwrap();
+        assert_eq!(images.config.prefetch, prefetch);
+        assert_eq!(images.config.fill_threads, 6);
+        assert_eq!(images.config.readahead_kb, Some(64));
+        // Nothing opened the cache: no holder was started.
+        assert!(images.cache.get().is_none());
+
+        let defaults = LayeredImages::open(
+            dir.path(),
+            HolderCommand::current_exe().unwrap(),
+            1 << 30,
+            &BlobStoreConfig::default(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(defaults.config.prefetch, PrefetchConfig::default());
+        assert_eq!(defaults.config.fill_threads, warren_image::cache::DEFAULT_FILL_THREADS);
     }
 }

@@ -329,12 +329,17 @@ fn stats_text(st: &ImageStats) -> String {
         .iter()
         .map(|l| {
             format!(
-                "{}  {} of {} bytes local, {} fetched, {} leases",
+                "{}  {} of {} bytes local, {} fetched, {} leases; trace: {} units, {} replayed ({} bytes), {} refused, stored {}x",
                 &l.digest[..l.digest.len().min(19)],
                 l.present_bytes,
                 l.size_bytes,
                 l.bytes_fetched,
-                l.leases
+                l.leases,
+                l.traced_units,
+                l.trace_units_replayed,
+                l.trace_bytes_replayed,
+                l.failed_trace_units,
+                l.traces_published
             )
         })
         .collect();

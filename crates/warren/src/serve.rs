@@ -74,6 +74,26 @@ pub struct ServeArgs {
     /// 0 keeps the kernel's 128). Bytes readahead covers are fetched.
     #[arg(long)]
     pub layer_readahead_kb: Option<u32>,
+    /// How far ahead of a sequential reader of a lazily filled layer the
+    /// node fetches, in KiB (0 = no prefetch).
+    #[arg(long, default_value_t = warren_image::cache::DEFAULT_PREFETCH_KB)]
+    pub layer_prefetch_kb: u32,
+    /// Prefetch requests (ranged GETs) in flight per layer, at most (0 = no
+    /// prefetch).
+    #[arg(long, default_value_t = warren_image::cache::DEFAULT_PREFETCH_REQUESTS)]
+    pub layer_prefetch_requests: usize,
+    /// A miss in a file of a layer with at most this much data (KiB) fetches
+    /// the whole file in the same request (0 = off).
+    #[arg(long, default_value_t = warren_image::cache::DEFAULT_WHOLE_FILE_KB)]
+    pub layer_whole_file_kb: u32,
+    /// Ranged GETs in flight while a layer new to this node replays its
+    /// stored access trace (0 = access traces off: none is replayed,
+    /// recorded or stored).
+    #[arg(long, default_value_t = warren_image::cache::DEFAULT_TRACE_REQUESTS)]
+    pub layer_trace_requests: usize,
+    /// Fill events of lazily filled layers served at once.
+    #[arg(long, default_value_t = warren_image::cache::DEFAULT_FILL_THREADS)]
+    pub layer_fill_threads: usize,
     /// How long an ended sandbox's record, exec results and idempotency key
     /// are kept (and answered) before they are deleted.
     #[arg(long, default_value_t = warren_node::DEFAULT_ENDED_RETENTION_SECS)]
@@ -193,6 +213,11 @@ impl ServeArgs {
             chunk_size_bytes: None,
             piece_size_bytes: None,
             layer_readahead_kb: None,
+            layer_prefetch_kb: warren_image::cache::DEFAULT_PREFETCH_KB,
+            layer_prefetch_requests: warren_image::cache::DEFAULT_PREFETCH_REQUESTS,
+            layer_whole_file_kb: warren_image::cache::DEFAULT_WHOLE_FILE_KB,
+            layer_trace_requests: warren_image::cache::DEFAULT_TRACE_REQUESTS,
+            layer_fill_threads: warren_image::cache::DEFAULT_FILL_THREADS,
             ended_retention_secs: warren_node::DEFAULT_ENDED_RETENTION_SECS,
             trajectory_retention_secs: warren_node::trajectory::DEFAULT_TRAJECTORY_RETENTION_SECS,
             sandbox_net: None,
@@ -232,6 +257,23 @@ fn s3_config(url: &str) -> Result<warren_node::S3Config> {
         access_key_id: key("WARREN_S3_ACCESS_KEY_ID")?,
         secret_access_key: key("WARREN_S3_SECRET_ACCESS_KEY")?,
         allow_http: scheme == "http",
+    })
+}
+
+/// Where layered images' chunks live and how the node's layer cache fetches them.
+fn blob_store_config(args: &ServeArgs) -> Result<warren_node::BlobStoreConfig> {
+    Ok(warren_node::BlobStoreConfig {
+        s3: args.blob_store_s3.as_deref().map(s3_config).transpose()?,
+        chunk_size_bytes: args.chunk_size_bytes,
+        piece_size_bytes: args.piece_size_bytes,
+        layer_readahead_kb: args.layer_readahead_kb,
+        layer_prefetch: warren_image::cache::PrefetchConfig {
+            max_ahead_bytes: u64::from(args.layer_prefetch_kb) * 1024,
+            max_requests: args.layer_prefetch_requests,
+            whole_file_bytes: u64::from(args.layer_whole_file_kb) * 1024,
+            trace_requests: args.layer_trace_requests,
+        },
+        layer_fill_threads: Some(args.layer_fill_threads),
     })
 }
 
@@ -306,12 +348,7 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
                 args.layer_cache_bytes,
             )),
             registry_auth_file: args.registry_auth_file.clone(),
-            blob_store: warren_node::BlobStoreConfig {
-                s3: args.blob_store_s3.as_deref().map(s3_config).transpose()?,
-                chunk_size_bytes: args.chunk_size_bytes,
-                piece_size_bytes: args.piece_size_bytes,
-                layer_readahead_kb: args.layer_readahead_kb,
-            },
+            blob_store: blob_store_config(args)?,
             ended_retention: std::time::Duration::from_secs(args.ended_retention_secs),
             trajectory_retention: std::time::Duration::from_secs(args.trajectory_retention_secs),
             network: warren_node::NetworkOptions {
@@ -551,4 +588,56 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), running.task).await;
     let _ = std::fs::remove_file(args.data_dir.join("server.url"));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use warren_image::cache::PrefetchConfig;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn blob_store(flags: &[&str]) -> warren_node::BlobStoreConfig {
+        let cli = Cli::try_parse_from(std::iter::once("serve").chain(flags.iter().copied())).unwrap();
+        blob_store_config(&cli.serve).unwrap()
+    }
+
+    #[test]
+    fn layer_cache_flags_default_to_the_cache_defaults() {
+        let config = blob_store(&[]);
+        assert_eq!(config.layer_prefetch, PrefetchConfig::default());
+        assert_eq!(config.layer_fill_threads, Some(warren_image::cache::DEFAULT_FILL_THREADS));
+        let defaults = blob_store_config(&ServeArgs::with_data_dir(PathBuf::from("/nonexistent"))).unwrap();
+        assert_eq!(defaults.layer_prefetch, PrefetchConfig::default());
+    }
+
+    #[test]
+    fn layer_cache_flags_reach_the_cache_config() {
+        let config = blob_store(&[
+            "--layer-prefetch-kb",
+            "128",
+            "--layer-prefetch-requests",
+            "2",
+            "--layer-whole-file-kb",
+            "0",
+            "--layer-trace-requests",
+            "0",
+            "--layer-fill-threads",
+            "7",
+            "--layer-readahead-kb",
+            "32",
+        ]);
+        assert_eq!(
+            config.layer_prefetch,
+            PrefetchConfig { max_ahead_bytes: 128 * 1024, max_requests: 2, whole_file_bytes: 0, trace_requests: 0 }
+        );
+        assert_eq!(config.layer_fill_threads, Some(7));
+        assert_eq!(config.layer_readahead_kb, Some(32));
+    }
 }
