@@ -79,6 +79,9 @@ const HOLDER_RECORD: &str = "holder.json";
 const HIGH_WATER: &str = "event-fd-high-water";
 const MOUNT_DIR: &str = "mnt";
 const READ_THROUGH_BYTES: usize = 1 << 20;
+/// A trace replay sorts the trace's units within blocks of this many (see
+/// [`replay_order`]).
+const REPLAY_BLOCK_UNITS: usize = 64;
 
 /// Where and how big the cache is, and how to start its holder.
 #[derive(Debug, Clone)]
@@ -156,9 +159,9 @@ pub struct LayerStats {
     /// fetched beyond the reads' own (counted in `chunks_fetched` too).
     pub whole_file_fills: u64,
     pub whole_file_units: u64,
-    /// Units fetched before mounting because the layer's stored access
-    /// trace named them (counted in `chunks_fetched` too), their bytes,
-    /// and those refused (fetch failed or digest mismatch; left missing).
+    /// Units fetched because the layer's stored access trace named them
+    /// (counted in `chunks_fetched` too), their bytes, and those refused
+    /// (fetch failed or digest mismatch; left missing).
     pub trace_units_replayed: u64,
     pub trace_bytes_replayed: u64,
     pub failed_trace_units: u64,
@@ -167,6 +170,9 @@ pub struct LayerStats {
     /// stored it.
     pub traced_units: u64,
     pub traces_published: u64,
+    /// Trace replays of the layer still running (0 or 1): the replay runs
+    /// beside the layer's first readers, and its counters are final at 0.
+    pub trace_replays_running: usize,
     pub leases: usize,
     pub mounted: bool,
 }
@@ -251,17 +257,17 @@ impl LayerCache {
 
     async fn acquire_in_turn(&self, manifest: &LayerManifest, hex: &str) -> Result<LayerLease> {
         let inner = &self.inner;
-        let (file, created) = match inner.claim(hex, manifest)? {
+        let (file, created, replay) = match inner.claim(hex, manifest)? {
             Claimed::Leased => return Ok(inner.lease(hex)),
             Claimed::OnDisk(file) => match self.prepare(&file, false).await {
-                Ok(()) => (file, false),
+                Ok(_) => (file, false, None),
                 Err(e) => {
                     inner.abandon(hex, false);
                     return Err(e);
                 }
             },
             Claimed::New => match self.create(manifest).await {
-                Ok(file) => (file, true),
+                Ok((file, replay)) => (file, true, replay),
                 Err(e) => {
                     inner.abandon(hex, true);
                     return Err(e);
@@ -269,7 +275,15 @@ impl LayerCache {
             },
         };
         match inner.mount(&file) {
-            Ok(()) => Ok(inner.finish(hex, file)),
+            Ok(()) => {
+                // The lease first: the replay runs beside the readers the
+                // caller is about to start, not before them.
+                let lease = inner.finish(hex, Arc::clone(&file));
+                if let Some(units) = replay {
+                    self.replay_trace(&file, &units);
+                }
+                Ok(lease)
+            }
             Err(e) => {
                 inner.abandon(hex, created);
                 Err(e)
@@ -278,28 +292,30 @@ impl LayerCache {
     }
 
     /// Creates the sparse file and fetches its metadata, before any mark:
-    /// writes through the file's own descriptor raise no events yet.
-    async fn create(&self, manifest: &LayerManifest) -> Result<Arc<LayerFile>> {
+    /// writes through the file's own descriptor raise no events yet (nor
+    /// later: the descriptor predates the mark). Returns the stored trace
+    /// to replay once the layer is mounted.
+    async fn create(&self, manifest: &LayerManifest) -> Result<(Arc<LayerFile>, Option<Vec<usize>>)> {
         let file = Arc::new(LayerFile::create(&self.inner.dir, manifest)?);
-        self.prepare(&file, true).await?;
-        Ok(file)
+        let replay = self.prepare(&file, true).await?;
+        Ok((file, replay))
     }
 
     /// What must happen before a layer file is marked and mounted: its
-    /// metadata made local and, for a layer new on this node (`replay`),
-    /// the units its stored access trace names fetched (see `trace`), the
-    /// trace's fetch alongside the metadata's. A layer found on disk holds
-    /// what this node read before; its trace only seeds the log, so what
-    /// this node publishes stays the union.
-    async fn prepare(&self, file: &Arc<LayerFile>, replay: bool) -> Result<()> {
+    /// metadata made local and the layer's stored access trace fetched
+    /// alongside (see `trace`). For a layer new on this node (`replay`)
+    /// the trace is returned, to replay once the layer is mounted; a layer
+    /// found on disk holds what this node read before, and its trace only
+    /// seeds the log, so what this node publishes stays the union.
+    async fn prepare(&self, file: &Arc<LayerFile>, replay: bool) -> Result<Option<Vec<usize>>> {
         let (prefilled, trace) = tokio::join!(self.prefill(file), self.fetch_trace(file));
         prefilled?;
         match trace {
-            Some(units) if replay => self.replay_trace(file, &units).await,
+            Some(units) if replay => return Ok(Some(units)),
             Some(units) => file.seed_trace(&units),
             None => {}
         }
-        Ok(())
+        Ok(None)
     }
 
     /// The layer's stored access trace, if traces are on and one is stored
@@ -326,45 +342,63 @@ impl LayerCache {
         }
     }
 
-    /// Fetches the missing units of `units` (a trace, in its order) with up
-    /// to `trace_requests` ranged GETs in flight, checks each and writes it
-    /// (the file is not marked yet). Failures leave units missing, for the
-    /// reads that need them to fetch on demand.
-    async fn replay_trace(&self, file: &Arc<LayerFile>, units: &[usize]) {
+    /// Starts fetching the missing units of `units` (a trace, in its order)
+    /// in the background, with up to `trace_requests` ranged GETs in
+    /// flight, while the layer is mounted and read. Each run of units is
+    /// claimed only when its GET starts: a read of a unit not claimed yet
+    /// takes the ordinary miss path, a read of one in flight waits for it.
+    /// Every unit is checked before it is written; one that fails goes back
+    /// to missing for a read to fetch (or fail closed) on demand. Runs as
+    /// one of the layer's prefetch tasks, so closing the layer aborts it.
+    fn replay_trace(&self, file: &Arc<LayerFile>, units: &[usize]) {
         file.seed_trace(units);
-        // The mount waits for all of it, so the order does not matter;
-        // ascending, neighbours share a GET.
-        let mut wanted = file.missing_of(units);
-        wanted.sort_unstable();
+        let wanted = replay_order(file.missing_of(units));
         if wanted.is_empty() {
             return;
         }
         let manifest = Arc::clone(file.manifest());
         let source = Arc::clone(&self.inner.shared.source);
+        let requests = self.inner.shared.prefetch.trace_requests.max(1);
         let runs = daemon::piece_runs(&manifest, &wanted);
-        let stored: usize = futures_util::stream::iter(runs)
-            .map(|(first, count)| {
-                let (file, source, manifest) = (Arc::clone(file), Arc::clone(&source), Arc::clone(&manifest));
-                async move {
-                    let fetched = if manifest.piece_size.is_some() {
-                        source.fetch_pieces(&manifest, first, count).await
-                    } else {
-                        source.fetch_chunk(&manifest, first).await.map(|bytes| vec![bytes])
-                    };
-                    let fetched = fetched.map_err(|e| e.to_string());
-                    // Hashing and writing up to a chunk: off the runtime.
-                    tokio::task::spawn_blocking(move || file.store_replayed(first, count, fetched)).await.unwrap_or(0)
-                }
-            })
-            .buffer_unordered(self.inner.shared.prefetch.trace_requests)
-            .fold(0, |total, stored| async move { total + stored })
-            .await;
-        tracing::debug!(
-            layer = file.hex(),
-            traced = units.len(),
-            fetched = stored,
-            "replayed the layer's access trace"
-        );
+        let running = file.replay_running();
+        let (layer, traced) = (Arc::clone(file), units.len());
+        file.prefetch_state().spawn(&self.inner.shared.runtime, async move {
+            let _running = running;
+            let stored: usize = futures_util::stream::iter(runs)
+                .map(|(first, count)| {
+                    let (file, source, manifest) = (Arc::clone(&layer), Arc::clone(&source), Arc::clone(&manifest));
+                    async move {
+                        // Claimed now, not when the replay started: reads
+                        // ahead of the replay fetch on demand meanwhile.
+                        let Some(claim) = file.claim_replay(first, count) else { return 0 };
+                        // Only what was claimed: a read may have fetched
+                        // part of the run meanwhile.
+                        let mut fetched = Vec::with_capacity(claim.indices().len());
+                        for (first, count) in daemon::piece_runs(&manifest, claim.indices()) {
+                            let got = if manifest.piece_size.is_some() {
+                                source.fetch_pieces(&manifest, first, count).await
+                            } else {
+                                source.fetch_chunk(&manifest, first).await.map(|bytes| vec![bytes])
+                            };
+                            match got {
+                                Ok(units) if units.len() == count => fetched.extend(units.into_iter().map(Ok)),
+                                Ok(units) => fetched.extend(
+                                    (0..count).map(|_| Err(format!("{} units for a request of {count}", units.len()))),
+                                ),
+                                Err(e) => fetched.extend((0..count).map(|_| Err(e.to_string()))),
+                            }
+                        }
+                        // Hashing and writing up to a chunk: off the runtime.
+                        // An aborted or failed task drops the claim, which
+                        // puts its units back to missing.
+                        tokio::task::spawn_blocking(move || file.store_replayed(claim, fetched)).await.unwrap_or(0)
+                    }
+                })
+                .buffer_unordered(requests)
+                .fold(0, |total, stored| async move { total + stored })
+                .await;
+            tracing::debug!(layer = layer.hex(), traced, fetched = stored, "replayed the layer's access trace");
+        });
     }
 
     /// Makes the layer's metadata local: its metadata blob, or for a
@@ -917,6 +951,17 @@ impl Inner {
         }
         in_use
     }
+}
+
+/// A trace's units in the order a replay fetches them: the trace's own
+/// (first access first, what a starting workload needs next), but sorted
+/// within blocks of [`REPLAY_BLOCK_UNITS`] so neighbouring units share a
+/// ranged GET.
+fn replay_order(mut units: Vec<usize>) -> Vec<usize> {
+    for block in units.chunks_mut(REPLAY_BLOCK_UNITS) {
+        block.sort_unstable();
+    }
+    units
 }
 
 fn prepare_dir(dir: &Path) -> Result<PathBuf> {

@@ -1718,7 +1718,7 @@ fn traced_config(fx: &Fixture) -> CacheConfig {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_next_node_replays_the_access_trace_before_mounting_and_a_bad_piece_stays_missing() {
+async fn the_next_node_replays_the_access_trace_and_a_bad_piece_stays_missing() {
     let fx = Fixture::new();
     let layer = with_pieces(build_layer("traced", layer_files(51, 12)));
     let source = TestSource::with(&[&layer]);
@@ -1746,6 +1746,8 @@ async fn the_next_node_replays_the_access_trace_before_mounting_and_a_bad_piece_
     *source.corrupt_pieces.lock().unwrap() = HashSet::from([bad]);
     let cache = LayerCache::open_with(traced_config(&fx), source.clone()).await.unwrap();
     let lease = cache.acquire(&layer.manifest).await.unwrap();
+    // The replay runs beside the layer's readers; this test reads after it.
+    eventually("the replay to end", || cache.stats()[0].trace_replays_running == 0).await;
 
     // Before any read: what the first node's reads needed was fetched,
     // nothing of the unread file, in fewer requests than pieces.
@@ -1776,6 +1778,89 @@ async fn the_next_node_replays_the_access_trace_before_mounting_and_a_bad_piece_
     assert!(cache.stats()[0].traced_units as usize >= replayed.len());
     assert_eq!(cache.stats()[0].traces_published, 0);
     cache.shutdown().await.unwrap();
+}
+
+/// A node reads `names` from `layer` and stores its access trace; then its
+/// cache directory goes, so the next cache opened is a node new to the
+/// layer, and the store forgets the requests seen so far.
+async fn a_node_reads_and_stores_its_trace(fx: &Fixture, source: &Arc<TestSource>, layer: &Built, names: &[&str]) {
+    let cache = LayerCache::open_with(traced_config(fx), source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    for &name in names {
+        assert_eq!(read(&lease.mount_path().join(name)).unwrap(), layer.files[name], "{name}");
+    }
+    drop(lease);
+    eventually("the trace to be stored", || cache.stats()[0].traces_published == 1).await;
+    cache.shutdown().await.unwrap();
+    fs::remove_dir_all(fx.cache_dir()).unwrap();
+    source.piece_runs.lock().unwrap().clear();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_run_while_the_trace_replays_and_fetch_what_it_has_not_reached() {
+    let fx = Fixture::new();
+    let layer = with_pieces(build_layer("overlap", layer_files(53, 12)));
+    let source = TestSource::with(&[&layer]);
+    let (read_a, read_b) = ("data/file003", "data/file008");
+    a_node_reads_and_stores_its_trace(&fx, &source, &layer, &[read_a, read_b]).await;
+
+    // A new node replaying one GET at a time; the store holds every request
+    // that reaches outside `read_b`'s pieces, so the replay's first GET
+    // waits until released.
+    let b_pieces = layer.pieces_of(read_b);
+    *source.demand_only.lock().unwrap() = Some(b_pieces.iter().copied().collect());
+    let mut config = traced_config(&fx);
+    config.prefetch.trace_requests = 1;
+    let cache = LayerCache::open_with(config, source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    eventually("the replay's first GET", || source.held_now.load(Ordering::SeqCst) == 1).await;
+    let held: Vec<(String, usize, usize)> = source.piece_runs.lock().unwrap().clone();
+    assert_eq!(held.len(), 1, "one replay GET at a time: {held:?}");
+    let (_, first, count) = held[0];
+    assert!((first..first + count).all(|p| !b_pieces.contains(&p)), "the held GET is not read_b's: {held:?}");
+
+    // The acquire did not wait for the replay, and a traced file the
+    // replay has not reached reads now, through the ordinary miss path.
+    assert_eq!(cache.stats()[0].trace_replays_running, 1);
+    assert_eq!(read(&lease.mount_path().join(read_b)).unwrap(), layer.files[read_b]);
+    let demand: BTreeSet<usize> = source.pieces_fetched(&layer).into_iter().filter(|p| b_pieces.contains(p)).collect();
+    assert!(!demand.is_empty(), "read_b was fetched on demand");
+    assert_eq!(cache.stats()[0].trace_replays_running, 1, "the replay is still held");
+
+    // Released, the replay fetches the rest and skips what the read fetched.
+    source.released.store(true, Ordering::SeqCst);
+    eventually("the replay to end", || cache.stats()[0].trace_replays_running == 0).await;
+    let stats = cache.stats()[0].clone();
+    assert_eq!(stats.failed_trace_units, 0, "{stats:?}");
+    let runs = source.piece_runs.lock().unwrap().clone();
+    let fetched_twice = runs.iter().flat_map(|&(_, f, c)| f..f + c).filter(|p| demand.contains(p)).count();
+    assert_eq!(fetched_twice, demand.len(), "no piece read_b fetched was fetched again by the replay: {runs:?}");
+    source.piece_runs.lock().unwrap().clear();
+    assert_eq!(read(&lease.mount_path().join(read_a)).unwrap(), layer.files[read_a]);
+    assert!(source.pieces_fetched(&layer).is_empty(), "the replayed file was fetched again");
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_layer_during_its_replay_stops_the_replay() {
+    let fx = Fixture::new();
+    let layer = with_pieces(build_layer("closing", layer_files(54, 8)));
+    let source = TestSource::with(&[&layer]);
+    a_node_reads_and_stores_its_trace(&fx, &source, &layer, &["data/file002"]).await;
+
+    // Every replay GET is held; the cache shuts down under it.
+    *source.demand_only.lock().unwrap() = Some(HashSet::new());
+    let cache = LayerCache::open_with(traced_config(&fx), source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    eventually("the replay's GETs", || source.held_now.load(Ordering::SeqCst) >= 1).await;
+    let stats = cache.stats()[0].clone();
+    drop(lease);
+    cache.shutdown().await.unwrap();
+    assert_eq!(stats.trace_replays_running, 1, "{stats:?}");
+    assert_eq!(stats.trace_units_replayed, 0, "{stats:?}");
+    eventually("the held GETs to be dropped", || source.held_now.load(Ordering::SeqCst) == 0).await;
+    source.released.store(true, Ordering::SeqCst);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

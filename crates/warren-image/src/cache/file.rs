@@ -29,7 +29,7 @@ use std::ops::{Range, RangeInclusive};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use bytes::Bytes;
@@ -97,6 +97,8 @@ struct Counters {
     trace_bytes: AtomicU64,
     trace_failed: AtomicU64,
     traces_published: AtomicU64,
+    /// Trace replays started and not ended (0 or 1: one per new layer).
+    replays_running: AtomicUsize,
 }
 
 /// What one fill event cost, for attributing it to its reader.
@@ -587,45 +589,65 @@ impl LayerFile {
         units.iter().copied().filter(|&i| chunks.states.get(i) == Some(&ChunkState::Missing)).collect()
     }
 
-    /// Checks and stores units `first..first + count` that a trace replay
-    /// fetched, before the file is marked, through the file's own
-    /// descriptor (no mark, so no event). A unit that fails its check, or
-    /// that came with no bytes, stays missing for a read to fetch on
-    /// demand; returns how many were stored.
-    pub(crate) fn store_replayed(&self, first: usize, count: usize, fetched: Result<Vec<Bytes>, String>) -> usize {
-        let pieces = match fetched {
-            Ok(pieces) if pieces.len() == count => pieces,
-            Ok(pieces) => {
-                tracing::warn!(layer = %self.hex, first, count, got = pieces.len(), "a trace replay got the wrong number of units");
-                self.counters.trace_failed.fetch_add(u64::try_from(count).unwrap_or(0), Ordering::Relaxed);
-                return 0;
+    /// Claims the missing units of `first..first + count` for a trace
+    /// replay (readers of them wait for it, as for a prefetch); `None`
+    /// when none is missing (a read or prefetch got there first).
+    pub(crate) fn claim_replay(self: &Arc<Self>, first: usize, count: usize) -> Option<PrefetchClaim> {
+        let mut chunks = self.lock();
+        let end = first.saturating_add(count).min(chunks.states.len());
+        let mut claim = PrefetchClaim { file: Arc::clone(self), indices: Vec::new() };
+        for index in first..end {
+            if chunks.states[index] == ChunkState::Missing {
+                chunks.states[index] = ChunkState::Fetching;
+                claim.indices.push(index);
             }
-            Err(reason) => {
-                tracing::warn!(layer = %self.hex, first, count, %reason, "a trace replay fetch failed; reads will fetch on demand");
-                self.counters.trace_failed.fetch_add(u64::try_from(count).unwrap_or(0), Ordering::Relaxed);
-                return 0;
-            }
-        };
+        }
+        drop(chunks);
+        (!claim.indices.is_empty()).then_some(claim)
+    }
+
+    /// Marks a trace replay of this layer as running until the returned
+    /// guard drops (see [`LayerStats::trace_replays_running`]).
+    pub(crate) fn replay_running(self: &Arc<Self>) -> ReplayRunning {
+        self.counters.replays_running.fetch_add(1, Ordering::AcqRel);
+        ReplayRunning { file: Arc::clone(self) }
+    }
+
+    /// Checks and stores what a trace replay fetched for `claim` (one
+    /// result per claimed unit, in the claim's order) through the file's
+    /// own descriptor: it was opened before the inode was ever marked, so
+    /// its writes raise no event, also while the layer is mounted and
+    /// marked. A unit that fails its check or its fetch goes back to
+    /// missing for a read to fetch on demand (or fail with `EIO`); returns
+    /// how many were stored.
+    pub(crate) fn store_replayed(&self, mut claim: PrefetchClaim, fetched: Vec<Result<Bytes, String>>) -> usize {
+        let indices = claim.indices.clone();
+        let mut results = fetched.into_iter();
         let mut stored = 0;
-        for (index, bytes) in (first..first + count).zip(pieces) {
-            if self.lock().states.get(index) != Some(&ChunkState::Missing) {
-                continue;
+        for index in indices {
+            let result = results.next().unwrap_or_else(|| Err("no result from the fetcher".to_owned()));
+            if self.prefetch.is_closed() {
+                // Closed (unmounted, evicted): the claim puts the rest back.
+                return stored;
             }
-            self.count_fetched(&bytes);
-            let written = self.check_chunk(index, &bytes).and_then(|()| {
+            let written = result.map_err(|reason| FillError::Fetch { index, reason }).and_then(|bytes| {
+                self.count_fetched(&bytes);
+                self.check_chunk(index, &bytes)?;
                 let (offset, _) = self.extent(index);
-                self.file.write_all_at(&bytes, offset).map_err(|source| FillError::Write { index, source })
+                self.file.write_all_at(&bytes, offset).map_err(|source| FillError::Write { index, source })?;
+                Ok(bytes.len())
             });
             match written {
-                Ok(()) => {
+                Ok(len) => {
+                    // Present first: a counter never runs ahead of the data.
+                    claim.settle(index, ChunkState::Present);
                     self.counters.trace_units.fetch_add(1, Ordering::Relaxed);
-                    let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-                    self.counters.trace_bytes.fetch_add(len, Ordering::Relaxed);
-                    self.set_state(index, ChunkState::Present);
+                    self.counters.trace_bytes.fetch_add(u64::try_from(len).unwrap_or(u64::MAX), Ordering::Relaxed);
                     stored += 1;
                 }
                 Err(e) => {
                     tracing::warn!(layer = %self.hex, error = %e, "a replayed unit refused; a read will fetch it again");
+                    claim.settle(index, ChunkState::Missing);
                     self.counters.trace_failed.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -882,6 +904,7 @@ impl LayerFile {
             failed_trace_units: load(&self.counters.trace_failed),
             traced_units: u64::try_from(self.trace_log().len()).unwrap_or(u64::MAX),
             traces_published: load(&self.counters.traces_published),
+            trace_replays_running: self.counters.replays_running.load(Ordering::Acquire),
             leases,
             mounted,
         }
@@ -934,6 +957,18 @@ impl Drop for PrefetchClaim {
         for index in std::mem::take(&mut self.indices) {
             self.file.set_state(index, ChunkState::Missing);
         }
+    }
+}
+
+/// A running trace replay of one layer; counted until dropped (when the
+/// replay ends, is aborted, or never started).
+pub(crate) struct ReplayRunning {
+    file: Arc<LayerFile>,
+}
+
+impl Drop for ReplayRunning {
+    fn drop(&mut self) {
+        self.file.counters.replays_running.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

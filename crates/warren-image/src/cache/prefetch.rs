@@ -79,7 +79,7 @@ pub struct PrefetchConfig {
     /// the per-window fetch and the stream prefetch.
     pub whole_file_bytes: u64,
     /// Ranged GETs in flight while a layer's stored access trace is
-    /// replayed before it is mounted; 0 turns traces off (none is replayed,
+    /// replayed (beside its first readers); 0 turns traces off (none is replayed,
     /// recorded or published).
     pub trace_requests: usize,
 }
