@@ -684,14 +684,18 @@ impl Node {
         self.inner.tamper.forget(id);
         // Its slot is free: a waiting create may go.
         self.inner.admission.bump();
-        let rec = {
+        // `ending` is in memory only (this record, the gauge): no durable
+        // commit, since a restart needs none. A crash mid-teardown leaves
+        // the `running` record, and the restart probes it: with PID 1
+        // killed the sandbox ends `node_restarted`, as an `ending` record
+        // did; before the kill it is re-adopted, as if the unanswered
+        // delete had never come. Either way nothing runs unrecorded.
+        let backend = {
             let mut rec = live.record();
             rec.info.state = SandboxState::Ending;
-            rec.clone()
+            rec.info.backend
         };
-        let _ending = self.inner.metrics.in_flight(rec.info.backend, SandboxState::Ending);
-        // Committed while the driver destroys, and always before `Ended`.
-        let ending = self.commit(rec);
+        let _ending = self.inner.metrics.in_flight(backend, SandboxState::Ending);
         let execs: Vec<_> = live.execs.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
         for e in &execs {
             e.request_kill();
@@ -699,7 +703,6 @@ impl Node {
         let mode = live.record().info.network;
         self.unplug_network(id, mode).await;
         let destroyed = live.driver.destroy(&live.handle).await;
-        joined(ending.await)?;
         let mut rec = live.record().clone();
         rec.info.state = SandboxState::Ended;
         rec.info.end_reason = Some(reason);
