@@ -213,6 +213,8 @@ struct Pump {
     pipe_inodes: Vec<u64>,
     exit: ExitWaiter,
     wake_open: bool,
+    /// The process's pidfd until it is reaped (see `ExitWaiter::pidfd`).
+    pidfd: Option<OwnedFd>,
     reaped: Option<ExitReport>,
     killed: bool,
     scratch: Vec<u8>,
@@ -229,11 +231,13 @@ enum Slot {
     State,
     Stdin,
     Wake,
+    Exited,
 }
 
 impl Pump {
-    fn new(conn: UnixStream, started: Started) -> Pump {
+    fn new(conn: UnixStream, mut started: Started) -> Pump {
         let pipe_inodes = started.pipe_inodes();
+        let pidfd = started.exit.pidfd.take();
         let mut pump = Pump {
             conn,
             conn_open: true,
@@ -253,6 +257,7 @@ impl Pump {
             pipe_inodes,
             exit: started.exit,
             wake_open: true,
+            pidfd,
             reaped: None,
             killed: false,
             scratch: vec![0u8; CHUNK_BYTES],
@@ -325,6 +330,10 @@ impl Pump {
             fds.push(PollFd::new(&self.exit.wake, PollFlags::IN));
             slots.push(Slot::Wake);
         }
+        if let (Some(fd), None) = (&self.pidfd, &self.reaped) {
+            fds.push(PollFd::new(fd, PollFlags::IN));
+            slots.push(Slot::Exited);
+        }
         match rustix::event::poll(&mut fds, None) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => return,
@@ -347,6 +356,7 @@ impl Pump {
                 Slot::State => self.on_state(),
                 Slot::Stdin => self.on_stdin_writable(),
                 Slot::Wake => self.on_wake(),
+                Slot::Exited => self.on_exited(),
             }
         }
         if self.stdin_eof && self.stdin_sent == self.stdin_buf.len() {
@@ -502,6 +512,18 @@ impl Pump {
                 self.reaped = self.exit.report.try_recv().ok();
             }
         }
+    }
+
+    /// The pidfd says the process exited: reap it here rather than wait for
+    /// PID 1's loop to do it and wake this thread.
+    fn on_exited(&mut self) {
+        self.exit.reap_now();
+        if self.reaped.is_none() {
+            self.reaped = self.exit.report.try_recv().ok();
+        }
+        // Reaped by now, here or by PID 1 (whose report `wake` brings): the
+        // pidfd stays readable and must not be polled again.
+        self.pidfd = None;
     }
 
     /// Writes as much pending output as the socket takes now.

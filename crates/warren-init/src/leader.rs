@@ -54,6 +54,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::net::{
@@ -178,7 +179,7 @@ pub struct Leader {
 
 impl Leader {
     /// Starts a leader for `rules` and waits until it enforces them.
-    pub fn start(registry: &Registry, self_exe: BorrowedFd<'_>, rules: &PhaseRules) -> Result<Leader, StartError> {
+    pub fn start(registry: &Arc<Registry>, self_exe: BorrowedFd<'_>, rules: &PhaseRules) -> Result<Leader, StartError> {
         let (channel, theirs) = UnixStream::pair()?;
         let null = rustix::fs::open(
             "/dev/null",

@@ -18,12 +18,20 @@
 //! So no status ever has to be parked for a later registration: a status
 //! with no waiter belongs to an orphan (or to a failed spawn std already
 //! reaped) and is dropped.
+//!
+//! An exec's own thread may reap its process too, under the same lock
+//! ([`ExitWaiter::reap_now`], when the process's pidfd turns readable):
+//! the exit then reaches the exec without first waiting for PID 1's loop to
+//! be woken and scheduled. Whoever comes second finds nothing to reap, and
+//! reaping never blocks (`sys::reap_if_exited`): the pid a loop peeked at
+//! may have been reaped by an exec's thread and reused by a live process
+//! before the loop got the lock.
 
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::mpsc::{self, Receiver, SyncSender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 
 use crate::sys;
 
@@ -65,6 +73,26 @@ impl ExitReport {
 pub struct ExitWaiter {
     pub report: Receiver<ExitReport>,
     pub wake: OwnedFd,
+    /// The process's pidfd (unless the kernel refused one): readable the
+    /// moment the process has exited, so the exec's thread can reap it
+    /// itself ([`ExitWaiter::reap_now`]) instead of waiting for the
+    /// reaper to run first and then wake it through `wake`.
+    pub pidfd: Option<OwnedFd>,
+    pid: i32,
+    registry: Weak<Registry>,
+}
+
+impl ExitWaiter {
+    /// Reaps the process if it has exited and nobody has yet; its report is
+    /// then on `report`.
+    pub fn reap_now(&self) {
+        if let Some(registry) = self.registry.upgrade() {
+            let inner = registry.lock();
+            if inner.waiters.contains_key(&self.pid) {
+                Registry::reap_locked(inner, self.pid);
+            }
+        }
+    }
 }
 
 struct Waiter {
@@ -135,21 +163,28 @@ impl Registry {
     /// A spawn that fails may still have left a child behind (one whose
     /// exec failed and that PID 1 must reap): the reaper is woken either way.
     pub fn spawn_registered<T, E: From<io::Error>>(
-        &self,
+        self: &Arc<Self>,
         spawn: impl FnOnce() -> Result<(i32, T), E>,
     ) -> Result<(T, ExitWaiter), E> {
         let (wake_rx, wake_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(io::Error::from)?;
         let (report_tx, report_rx) = mpsc::sync_channel(1);
         let mut inner = self.lock();
         let spawned = spawn();
+        let mut pidfd = None;
         if let Ok((pid, _)) = &spawned {
             inner.waiters.insert(*pid, Waiter { report: report_tx, _wake: wake_tx });
+            // Under the lock: the pid cannot have been reaped (and reused)
+            // yet, so the pidfd is this process's. Without one the exec
+            // learns the end through `wake` alone.
+            pidfd = rustix::process::Pid::from_raw(*pid)
+                .and_then(|pid| rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok());
         }
         inner.generation += 1;
         drop(inner);
         self.registered.notify_all();
-        let (_, spawned) = spawned?;
-        Ok((spawned, ExitWaiter { report: report_rx, wake: wake_rx }))
+        let (pid, spawned) = spawned?;
+        let waiter = ExitWaiter { report: report_rx, wake: wake_rx, pidfd, pid, registry: Arc::downgrade(self) };
+        Ok((spawned, waiter))
     }
 
     /// Sends `signal` to the registered process `pid` unless it has been
@@ -179,8 +214,10 @@ impl Registry {
     }
 
     fn reap_locked(mut inner: MutexGuard<'_, Inner>, pid: i32) {
-        // ECHILD: std reaped a child whose exec failed, under our lock.
-        let Ok(reaped) = sys::reap(pid) else { return };
+        // ECHILD: std reaped a child whose exec failed, under our lock, or
+        // an exec's thread reaped it (`ExitWaiter::reap_now`). `None`: that
+        // happened and the pid is a new process's already, which runs.
+        let Ok(Some(reaped)) = sys::reap_if_exited(pid) else { return };
         if let Some(waiter) = inner.waiters.remove(&pid) {
             // The receiver may be gone (its exec ended on a broken
             // connection); the status then has nobody to go to.
@@ -236,6 +273,17 @@ mod tests {
             // The wake-up descriptor reaches EOF once the report is sent.
             let mut byte = [0u8; 1];
             assert_eq!(rustix::io::read(&waiter.wake, &mut byte), Ok(0));
+        }
+        // An exec's thread reaps on its pidfd, racing the reaper thread:
+        // whoever wins, the report arrives exactly once.
+        for code in 10..15 {
+            let (_, waiter) = spawn("/bin/sh", &["-c", &format!("exit {code}")]).unwrap();
+            let pidfd = waiter.pidfd.as_ref().expect("a pidfd for the registered process");
+            let mut fds = [rustix::event::PollFd::new(pidfd, rustix::event::PollFlags::IN)];
+            assert_eq!(rustix::event::poll(&mut fds, None), Ok(1));
+            waiter.reap_now();
+            assert_eq!(waiter.report.recv().unwrap().exit_code, Some(code));
+            assert!(waiter.report.try_recv().is_err());
         }
     }
 

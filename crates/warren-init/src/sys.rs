@@ -124,16 +124,22 @@ pub struct Reaped {
     pub rusage: libc::rusage,
 }
 
-/// Reaps `pid`, which the caller knows has exited (so this does not block).
-pub fn reap(pid: i32) -> io::Result<Reaped> {
+/// Reaps `pid` if it has exited; `Ok(None)` while it runs. Never blocks:
+/// a caller that looked at a zombie before taking the lock it reaps under
+/// may find its pid reaped by another thread meanwhile and already reused
+/// by a process that still runs.
+pub fn reap_if_exited(pid: i32) -> io::Result<Option<Reaped>> {
     let mut status = 0;
     // SAFETY: an all-zero `rusage` is a valid value of this plain C struct.
     let mut rusage: libc::rusage = unsafe { std::mem::zeroed() };
     loop {
         // SAFETY: `status` and `rusage` are valid and writable for the call.
-        let rc = unsafe { libc::wait4(pid, &mut status, libc::__WALL, &mut rusage) };
+        let rc = unsafe { libc::wait4(pid, &mut status, libc::__WALL | libc::WNOHANG, &mut rusage) };
         if rc == pid {
-            return Ok(Reaped { status, rusage });
+            return Ok(Some(Reaped { status, rusage }));
+        }
+        if rc == 0 {
+            return Ok(None);
         }
         let err = io::Error::last_os_error();
         if err.kind() != io::ErrorKind::Interrupted {
