@@ -281,6 +281,28 @@ impl Driver for ContainerDriver {
             .await
     }
 
+    async fn exec_fed(
+        &self,
+        handle: &SandboxHandle,
+        spec: ExecSpec,
+        stdin: bytes::Bytes,
+        keep_open: bool,
+    ) -> Result<ExecProcess> {
+        let _ = self.state(handle)?;
+        let reuse = channel::Reuse { idle: Arc::clone(&self.idle), sandbox: handle.id.clone() };
+        let feed = channel::Feed { stdin, eof: !keep_open };
+        let sock = self.layout(&handle.id).ctl_sock();
+        channel::start_exec_fed(&sock, spec, self.cgroup(&handle.id)?, Some(reuse), Some(feed)).await
+    }
+
+    /// Connects to init ahead of the first exec: the connect, init's accept
+    /// hop, peer check and new thread then overlap the claim's commit.
+    async fn prepare_exec(&self, handle: &SandboxHandle) {
+        if self.state(handle).is_ok() {
+            channel::preconnect(&self.layout(&handle.id).ctl_sock(), &self.idle, &handle.id).await;
+        }
+    }
+
     async fn destroy(&self, handle: &SandboxHandle) -> Result<()> {
         check_id(&handle.id)?;
         self.idle.forget(&handle.id);

@@ -187,6 +187,27 @@ pub trait Driver: Send + Sync {
 
     async fn exec(&self, handle: &SandboxHandle, spec: ExecSpec) -> Result<ExecProcess>;
 
+    /// [`Driver::exec`] with the process's stdin given up front: `stdin`,
+    /// then its end unless `keep_open` (further input goes through
+    /// `control` as usual). A backend may send them together with the
+    /// request, which saves the sandbox a wake-up for a message of their own.
+    async fn exec_fed(
+        &self,
+        handle: &SandboxHandle,
+        spec: ExecSpec,
+        stdin: Bytes,
+        keep_open: bool,
+    ) -> Result<ExecProcess> {
+        let process = self.exec(handle, spec).await?;
+        if !stdin.is_empty() {
+            let _ = process.control.send(ExecControl::Stdin(stdin)).await;
+        }
+        if !keep_open {
+            let _ = process.control.send(ExecControl::StdinEof).await;
+        }
+        Ok(process)
+    }
+
     /// Kills everything in the sandbox and removes all it owned. Idempotent.
     async fn destroy(&self, handle: &SandboxHandle) -> Result<()>;
 
@@ -198,6 +219,14 @@ pub trait Driver: Send + Sync {
     /// tell: a backend may skip the round trip to init there.
     async fn probe_idle(&self, handle: &SandboxHandle) -> Liveness {
         self.probe(handle).await
+    }
+
+    /// Readies a sandbox in which nothing has run yet (a warm-pool member
+    /// just claimed) for its first exec, while the claim commits: a backend
+    /// that talks to its init over a connection may open it now. Best
+    /// effort; the exec does whatever this did not.
+    async fn prepare_exec(&self, handle: &SandboxHandle) {
+        let _ = handle;
     }
 
     fn usage(&self, handle: &SandboxHandle) -> Result<Usage>;

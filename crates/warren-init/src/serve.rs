@@ -153,6 +153,12 @@ fn wait_after_accept_error(e: &io::Error) {
 /// between execs), which then costs no connect, accept or thread. Any other
 /// request ends the connection once answered.
 pub(crate) fn serve_connection(ctx: &Shared, mut conn: UnixStream) {
+    // The host may connect ahead of its first request (a claimed warm-pool
+    // member's connection is made while the claim commits): such a
+    // connection is ended when left idle, as one between two execs is.
+    if !wait_readable(&conn, &IDLE_CONNECTION) {
+        return;
+    }
     let mut request = match proto::read_frame(&mut conn) {
         Ok(Some((FrameKind::Request, payload))) => serde_json::from_slice::<Request>(&payload),
         _ => return,

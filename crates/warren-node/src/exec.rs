@@ -267,10 +267,22 @@ impl ExecEntry {
                 let _ = process.control.send(ExecControl::Stdin(data.into())).await;
             }
         }
+        if !stdin_open {
+            let _ = process.control.send(ExecControl::StdinEof).await;
+        }
+        self.drive_fed(process, stdin_open, deadline).await
+    }
+
+    /// [`ExecEntry::drive`] for a process whose stdin was handed over with
+    /// its start (`Driver::exec_fed`): only an open stdin is left to serve.
+    pub async fn drive_fed(
+        self: Arc<Self>,
+        process: ExecProcess,
+        stdin_open: bool,
+        deadline: Instant,
+    ) -> Option<ExitInfo> {
         if stdin_open {
             *self.input() = Some(process.control.clone());
-        } else {
-            let _ = process.control.send(ExecControl::StdinEof).await;
         }
         let exit = Arc::clone(&self).pump(process, deadline).await;
         // The clone would otherwise keep the control channel (and so the

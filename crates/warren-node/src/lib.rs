@@ -800,7 +800,10 @@ impl Node {
             (None, None) => return Err(NodeError::Invalid(ApiError::invalid("command", "give argv or command"))),
         };
         let spec = ExecSpec { argv, env, cwd, capture_session_state: session.is_some() };
-        let process = live.driver.exec(&live.handle, spec).await?;
+        // Stdin goes with the request: a command whose stdin is closed at
+        // once costs the sandbox no wake-up for that.
+        let fed = stdin.map(bytes::Bytes::from).unwrap_or_default();
+        let process = live.driver.exec_fed(&live.handle, spec, fed, stdin_open).await?;
 
         let cap = req.output_cap_bytes.unwrap_or(warren_api::DEFAULT_OUTPUT_CAP_BYTES);
         let exec_id = logged.as_ref().map_or_else(|| new_id("ex"), |l| l.exec_id.clone());
@@ -836,7 +839,7 @@ impl Node {
                 let (node, sandbox, entry) = (node.clone(), live.id.clone(), Arc::clone(&driving));
                 tokio::task::spawn_blocking(move || node.persist_exec(&sandbox, &entry))
             });
-            Arc::clone(&driving).drive(process, stdin, stdin_open, deadline).await;
+            Arc::clone(&driving).drive_fed(process, stdin_open, deadline).await;
             let done = driving.result(false);
             node.inner.metrics.exec_finished(done.status, done.wall_time_secs);
             // Touch first: the reaper must never see "no exec running" with a stale activity time.

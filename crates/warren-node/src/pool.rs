@@ -18,7 +18,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -236,6 +236,10 @@ impl Node {
             let (handle, leases) = pools.pop(key)?;
             pools.wake.notify_one();
             if driver.probe_idle(&handle).await == Liveness::Alive {
+                // In the background of the claim's commit: what the first
+                // exec would do first (a container's connection to init).
+                let (driver, prepared) = (Arc::clone(&driver), handle.clone());
+                tokio::spawn(async move { driver.prepare_exec(&prepared).await });
                 return Some((handle, leases));
             }
             let _ = driver.destroy(&handle).await;

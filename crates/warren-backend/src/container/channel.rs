@@ -26,6 +26,10 @@ const EVENT_BUFFER: usize = 16;
 const CONTROL_BUFFER: usize = 16;
 /// How long init may take to answer an exec with `Started` or `Error`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Stdin up to this size travels in the exec request's own write (see
+/// [`Feed`]): well within a socket's buffer, so the write never waits for
+/// init to read it, and the start's timeout never covers a slow reader.
+const FED_STDIN_MAX: usize = 64 * 1024;
 
 /// Reads one frame; `Ok(None)` on a clean end of stream between frames.
 pub(crate) async fn read_frame(r: &mut (impl AsyncRead + Unpin)) -> io::Result<Option<(FrameKind, Vec<u8>)>> {
@@ -204,6 +208,19 @@ fn still_open(stream: &std::os::unix::net::UnixStream) -> bool {
     matches!(io::Read::read(&mut &*stream, &mut byte), Err(e) if e.kind() == ErrorKind::WouldBlock)
 }
 
+/// Opens a connection to the sandbox's init and keeps it for the next exec
+/// (unless one is kept already): for a sandbox whose first exec is near.
+/// Init ends it if no request comes within its idle time, which the exec
+/// then finds closed before any answer and replaces.
+pub(crate) async fn preconnect(sock: &Path, idle: &IdleConnections, sandbox: &str) {
+    if idle.lock().by_sandbox.contains_key(sandbox) {
+        return;
+    }
+    if let Ok(stream) = connect(sock).await {
+        idle.put(sandbox, stream);
+    }
+}
+
 /// Where an exec's connection comes from and goes back to.
 pub(crate) struct Reuse {
     pub(crate) idle: Arc<IdleConnections>,
@@ -223,12 +240,48 @@ pub(crate) async fn start_exec_reusing(
     cgroup: SandboxCgroup,
     reuse: Option<Reuse>,
 ) -> Result<ExecProcess> {
+    start_exec_fed(sock, spec, cgroup, reuse, None).await
+}
+
+/// The stdin an exec starts with: its bytes, then its end when `eof`.
+pub(crate) struct Feed {
+    pub(crate) stdin: Bytes,
+    pub(crate) eof: bool,
+}
+
+/// [`start_exec_reusing`] with `feed` sent right behind the request, in the
+/// same write when it is small: init finds it with the request and closes
+/// the command's stdin (or fills it) without waking up again for a frame of
+/// its own, and the node writes once. Frames sent ahead of init's answer
+/// are safe: init reads them only once the command runs, and passes over
+/// them if it does not start (or the connection is then dropped).
+pub(crate) async fn start_exec_fed(
+    sock: &Path,
+    spec: ExecSpec,
+    cgroup: SandboxCgroup,
+    reuse: Option<Reuse>,
+    feed: Option<Feed>,
+) -> Result<ExecProcess> {
     let oom_kills_before = cgroup.oom_kills().unwrap_or(0);
     let request = serde_json::to_vec(&Request::Exec(spec)).map_err(|e| BackendError::Protocol(e.to_string()))?;
+    let (ahead, behind) = match feed {
+        Some(feed) if feed.stdin.len() <= FED_STDIN_MAX => (Some(feed), None),
+        other => (None, other),
+    };
+    let mut wire = Vec::with_capacity(15 + request.len() + ahead.as_ref().map_or(0, |f| f.stdin.len()));
+    push_frame(&mut wire, FrameKind::Request, &request);
+    if let Some(feed) = &ahead {
+        if !feed.stdin.is_empty() {
+            push_frame(&mut wire, FrameKind::Stdin, &feed.stdin);
+        }
+        if feed.eof {
+            push_frame(&mut wire, FrameKind::StdinEof, &[]);
+        }
+    }
     let kept = reuse.as_ref().and_then(|r| r.idle.take(&r.sandbox));
     let answered = async {
         if let Some(mut stream) = kept {
-            match ask(&mut stream, &request).await {
+            match ask(&mut stream, &wire).await {
                 Ok(Some(first)) => return Ok((stream, Some(first))),
                 // Closed by init before it read anything: ask anew.
                 Ok(None) => {}
@@ -237,7 +290,7 @@ pub(crate) async fn start_exec_reusing(
             }
         }
         let mut stream = connect(sock).await?;
-        let first = ask(&mut stream, &request).await.map_err(|e| BackendError::io("exec request", e))?;
+        let first = ask(&mut stream, &wire).await.map_err(|e| BackendError::io("exec request", e))?;
         Ok((stream, first))
     };
     let (stream, first) = tokio::time::timeout(START_TIMEOUT, answered)
@@ -259,6 +312,16 @@ pub(crate) async fn start_exec_reusing(
     let (control, control_rx) = mpsc::channel(CONTROL_BUFFER);
     // Room for Started is there: the channel is new.
     let _ = events_tx.try_send(ExecEvent::Started { pid });
+    // A large feed goes the usual way, first (the channel is new and has
+    // room for both messages).
+    if let Some(feed) = behind {
+        if !feed.stdin.is_empty() {
+            let _ = control.try_send(ExecControl::Stdin(feed.stdin));
+        }
+        if feed.eof {
+            let _ = control.try_send(ExecControl::StdinEof);
+        }
+    }
     let (read_half, write_half) = stream.into_split();
     let (done_tx, done_rx) = oneshot::channel();
     tokio::spawn(forward_control(write_half, control_rx, done_rx, reuse));
@@ -266,11 +329,18 @@ pub(crate) async fn start_exec_reusing(
     Ok(ExecProcess { events, control })
 }
 
-/// Sends an encoded request; returns init's first frame (`None`: the
-/// connection closed before one came).
-async fn ask(stream: &mut UnixStream, request: &[u8]) -> io::Result<Option<(FrameKind, Vec<u8>)>> {
-    write_frame(stream, FrameKind::Request, request).await?;
+/// Sends encoded frames (a request first); returns init's first frame
+/// (`None`: the connection closed before one came).
+async fn ask(stream: &mut UnixStream, wire: &[u8]) -> io::Result<Option<(FrameKind, Vec<u8>)>> {
+    stream.write_all(wire).await?;
     read_frame(stream).await
+}
+
+/// Appends one frame to `wire`. Payloads here are far below the frame limit.
+fn push_frame(wire: &mut Vec<u8>, kind: FrameKind, payload: &[u8]) {
+    wire.push(kind as u8);
+    wire.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    wire.extend_from_slice(payload);
 }
 
 /// Tells whether the out-of-memory killer struck while the exec ran. Any
@@ -574,6 +644,69 @@ mod tests {
         assert_eq!(idle.lock().by_sandbox.len(), open.len());
         idle.forget("sb-0");
         assert_eq!(idle.lock().by_sandbox.len(), open.len() - 1);
+    }
+
+    #[tokio::test]
+    async fn a_small_feed_travels_with_the_request_and_a_large_one_after_it() {
+        let big = vec![b'x'; FED_STDIN_MAX + 1];
+        let expected_big = big.clone();
+        let (_dir, sock, server) = fake_init(move |mut s| async move {
+            // Read before init answers: the feed came with the request (a
+            // node that waited for the answer would never send it; the
+            // bound turns that hang into a failure).
+            let ahead = async {
+                let (kind, _) = read_frame(&mut s).await.unwrap().unwrap();
+                assert_eq!(kind, FrameKind::Request);
+                assert_eq!(read_frame(&mut s).await.unwrap(), Some((FrameKind::Stdin, b"in".to_vec())));
+                assert_eq!(read_frame(&mut s).await.unwrap(), Some((FrameKind::StdinEof, vec![])));
+            };
+            tokio::time::timeout(Duration::from_secs(60), ahead).await.expect("the feed came without an answer");
+            respond(&mut s, &Response::Started { pid: 7 }).await;
+            respond(&mut s, &exited(0)).await;
+            // The next exec's feed is too large to go ahead of the answer.
+            let (kind, _) = read_frame(&mut s).await.unwrap().unwrap();
+            assert_eq!(kind, FrameKind::Request);
+            respond(&mut s, &Response::Started { pid: 8 }).await;
+            assert_eq!(read_frame(&mut s).await.unwrap(), Some((FrameKind::Stdin, expected_big)));
+            assert_eq!(read_frame(&mut s).await.unwrap(), Some((FrameKind::StdinEof, vec![])));
+            respond(&mut s, &exited(1)).await;
+        })
+        .await;
+        let idle = Arc::new(IdleConnections::default());
+        for (stdin, code) in [(Bytes::from_static(b"in"), 0), (Bytes::from(big), 1)] {
+            let reuse = Reuse { idle: Arc::clone(&idle), sandbox: "sb".into() };
+            let feed = Feed { stdin, eof: true };
+            let mut p = start_exec_fed(&sock, spec(), no_cgroup(), Some(reuse), Some(feed)).await.unwrap();
+            loop {
+                match p.events.recv().await {
+                    Some(ExecEvent::Exited(exit)) => break assert_eq!(exit.exit_code, Some(code)),
+                    Some(ExecEvent::Started { .. }) => {}
+                    other => panic!("{other:?}"),
+                }
+            }
+            wait_kept(&idle).await;
+        }
+        idle.forget("sb");
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_preconnected_connection_serves_the_first_exec() {
+        // The fake accepts ONE connection: the exec must use the one made ahead.
+        let (_dir, sock, server) = fake_init(|mut s| async move {
+            read_frame(&mut s).await.unwrap().unwrap();
+            respond(&mut s, &Response::Started { pid: 7 }).await;
+            assert_eq!(read_frame(&mut s).await.unwrap(), Some((FrameKind::StdinEof, vec![])));
+            respond(&mut s, &exited(9)).await;
+        })
+        .await;
+        let idle = Arc::new(IdleConnections::default());
+        preconnect(&sock, &idle, "sb").await;
+        assert!(idle.lock().by_sandbox.contains_key("sb"));
+        // A second call keeps the one it has.
+        preconnect(&sock, &idle, "sb").await;
+        assert_eq!(run_to_end(&sock, &idle).await, Some(9));
+        server.await.unwrap();
     }
 
     #[tokio::test]
