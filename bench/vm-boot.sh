@@ -23,7 +23,9 @@
 #
 # One sample: POST /v1/sandboxes (returns once the guest's agent answered a
 # ping: the boot), POST .../exec?wait=true {"argv":["true"]} (the first
-# exec), DELETE. The two backends take turns sample by sample, so both see
+# exec), DELETE; before the DELETE it reads how long the sandbox's CPU cap
+# (its cgroup's `cpu.stat`) throttled QEMU, which the bare QEMU does not
+# run under (see "CPU caps" in the results). The two backends take turns sample by sample, so both see
 # the same background load. One unrecorded sample per backend first: it
 # builds the driver's initramfs and the image's EROFS layer disk, which
 # later creates reuse. The server runs with WARREN_MICROVM_ACCEL=tcg, so no
@@ -127,8 +129,25 @@ sample() {
     code=$(curl -sf "$url/v1/sandboxes/$id/exec?wait=true" -d '{"argv": ["true"]}' | jq -r .exit_code)
     t2=$(now_ms)
     [ "$code" = 0 ] || { echo "vm-boot.sh: exec true in $label answered $code" >&2; exit 1; }
+    instance=$INSTANCE
+    [ "$url" = "$URL" ] || instance=$INSTANCE-s
+    [ "$backend" = microvm ] && instance=$instance-vm || instance=$instance-fullvm
+    throttled=$(throttled_ms "$instance/$id")
     curl -sf -X DELETE "$url/v1/sandboxes/$id" >/dev/null
-    echo "$label $((t1 - t0)) $((t2 - t1)) $(echo "$info" | jq -r '.boot // "-"')"
+    echo "$label $((t1 - t0)) $((t2 - t1)) $(echo "$info" | jq -r '.boot // "-"') $throttled"
+}
+
+# How long the CPU cap of the sandbox's cgroup <instance>/<id> (its `cpus`:
+# the QEMU process, vCPU and emulation threads together) held QEMU back so
+# far, in ms; "-" if the cgroup cannot be read.
+throttled_ms() {
+    if [ -f "/sys/fs/cgroup/cpu/$1/cpu.stat" ]; then
+        awk '$1 == "throttled_time" { printf "%d", $2 / 1000000 }' "/sys/fs/cgroup/cpu/$1/cpu.stat"
+    elif [ -f "/sys/fs/cgroup/$1/cpu.stat" ]; then
+        awk '$1 == "throttled_usec" { printf "%d", $2 / 1000 }' "/sys/fs/cgroup/$1/cpu.stat"
+    else
+        echo -
+    fi
 }
 
 # The trivial init: powers the VM off (reboot(2) with
@@ -162,7 +181,7 @@ bare() {
         -append "console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check tsc_early_khz=$TSC_KHZ lpj=$((TSC_KHZ * 4)) warren.probe" \
         >/dev/null 2>&1 </dev/null || { echo "vm-boot.sh: the $1 QEMU boot failed" >&2; exit 1; }
     t1=$(now_ms)
-    echo "$1 $((t1 - t0)) 0 cold"
+    echo "$1 $((t1 - t0)) 0 cold -"
 }
 
 LOAD_AT_START=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -263,6 +282,16 @@ turn_ratios() {
         echo "The full VM was not measured in this run (\`--no-full-vm\`)."
         echo
     fi
+    echo "CPU caps: a sandbox's QEMU (vCPU and emulation threads together) runs in"
+    echo "its cgroup capped at the sandbox's \`cpus\` (1 CPU here), the bare QEMU"
+    echo "uncapped. The cap is what a sandbox pays for and stays; what it cost"
+    echo "here, per cold \`microvm\` sample (ms the cgroup was throttled, from its"
+    echo "\`cpu.stat\`): $(awk '$1 == "microvm" { printf "%s%s", sep, $5; sep = ", " }' "$SAMPLES_FILE")."
+    echo "A trivial bare boot never uses more than one CPU in a period (throttled"
+    echo "0 ms in a cgroup with the same cap, tried by hand on 2026-12-04), so"
+    echo "capping it too would"
+    echo "change nothing."
+    echo
     echo "A snapshot restore: a sparse copy of the snapshot's writable disk, QEMU"
     echo "loading the stopped guest's migration stream (\`-incoming fd:3\`), the"
     echo "mux, \`cont\`, then init's \`Identify\` (hostname, entropy and CRNG reseed,"
