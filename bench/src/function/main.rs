@@ -18,6 +18,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::Parser;
 use serde_json::{json, Value};
 
+// The main bench's host readings (/proc/stat busy ticks, a process's CPU).
+#[allow(dead_code)]
+#[path = "../error.rs"]
+mod error;
+#[allow(dead_code)]
+#[path = "../host.rs"]
+mod host;
+
 const CODE: &str = "print(6*7)";
 
 #[derive(Debug, Parser)]
@@ -44,6 +52,10 @@ struct Args {
     /// Report path (default bench/results/<date>-function.md).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Function calls only, without the container, bwrap and python
+    /// start-up peers (for A/B pairs of two builds run back to back).
+    #[arg(long)]
+    function_only: bool,
 }
 
 type Res<T> = Result<T, String>;
@@ -69,6 +81,8 @@ fn ms(d: Duration) -> String {
 struct Server {
     child: Child,
     url: String,
+    /// Its `--instance`: the name of its sandboxes' parent cgroups.
+    instance: String,
     _dir: tempfile::TempDir,
 }
 
@@ -90,7 +104,7 @@ impl Server {
         loop {
             if let Ok(t) = std::fs::read_to_string(&url_file) {
                 if !t.trim().is_empty() {
-                    return Ok(Server { child, url: t.trim().to_string(), _dir: dir });
+                    return Ok(Server { child, url: t.trim().to_string(), instance, _dir: dir });
                 }
             }
             if Instant::now() > deadline {
@@ -183,8 +197,55 @@ where
     Ok(Latencies(out))
 }
 
-/// Calls per second of `clients` concurrent loops over `secs`.
-async fn throughput<F, Fut>(clients: usize, secs: u64, once: F) -> Res<(f64, usize)>
+/// The CPU the host, the server process and the server's sandboxes have
+/// used so far.
+struct CpuReading {
+    host: host::CpuSnapshot,
+    server: Duration,
+    sandboxes: Duration,
+}
+
+/// CPU of the function throughput window divided by its calls.
+struct CpuPerCall {
+    host: Duration,
+    server: Duration,
+    sandboxes: Duration,
+}
+
+impl CpuReading {
+    fn now(server: &Server) -> Res<CpuReading> {
+        Ok(CpuReading {
+            host: host::CpuSnapshot::now().map_err(|e| e.to_string())?,
+            server: host::process_cpu(server.child.id()).map_err(|e| e.to_string())?,
+            sandboxes: sandboxes_cpu(&server.instance),
+        })
+    }
+
+    fn per_call(&self, server: &Server, calls: usize) -> Res<CpuPerCall> {
+        let later = CpuReading::now(server)?;
+        let n = u32::try_from(calls.max(1)).unwrap_or(u32::MAX);
+        Ok(CpuPerCall {
+            host: self.host.since().map_err(|e| e.to_string())?.busy / n,
+            server: later.server.saturating_sub(self.server) / n,
+            sandboxes: later.sandboxes.saturating_sub(self.sandboxes) / n,
+        })
+    }
+}
+
+/// CPU of every sandbox of the server (python, and init relaying its
+/// output), from the instance's v1 `cpuacct` cgroup, which counts its
+/// removed children too; zero where there is none.
+fn sandboxes_cpu(instance: &str) -> Duration {
+    std::fs::read_to_string(format!("/sys/fs/cgroup/cpuacct/{instance}/cpuacct.usage"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .map(Duration::from_nanos)
+        .unwrap_or_default()
+}
+
+/// Calls per second of `clients` concurrent loops over `secs`, and how
+/// many succeeded and failed.
+async fn throughput<F, Fut>(clients: usize, secs: u64, once: F) -> Res<(f64, usize, usize)>
 where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Res<()>> + Send,
@@ -212,7 +273,7 @@ where
         ok += o;
         failed += f;
     }
-    Ok((ok as f64 / start.elapsed().as_secs_f64(), failed))
+    Ok((ok as f64 / start.elapsed().as_secs_f64(), ok, failed))
 }
 
 fn version(program: &str, arg: &str) -> String {
@@ -243,7 +304,7 @@ async fn run(args: Args) -> Res<()> {
     let py = json!({"image": "default", "language": "python", "code": CODE});
     let tru = json!({"image": "default", "argv": ["/bin/true"]});
     let mut report = String::new();
-    let mut table = Vec::new();
+    let mut table: Vec<Row> = Vec::new();
     let n = args.samples;
 
     eprintln!("function calls (python)...");
@@ -288,7 +349,8 @@ async fn run(args: Args) -> Res<()> {
         Latencies(out)
     };
     eprintln!("function throughput...");
-    let (fn_rate, fn_failed) = {
+    let cpu_before = CpuReading::now(&server)?;
+    let (fn_rate, fn_ok, fn_failed) = {
         let (http, base, py) = (http.clone(), base.clone(), py.clone());
         throughput(args.clients, args.secs, move || {
             let (http, base, py) = (http.clone(), base.clone(), py.clone());
@@ -296,57 +358,13 @@ async fn run(args: Args) -> Res<()> {
         })
         .await?
     };
+    let cpu = cpu_before.per_call(&server, fn_ok)?;
     table.push(("warren function call (`python3` code)", lat_fn, Some((fn_rate, fn_failed))));
     table.push(("warren function call (`/bin/true`, no python)", lat_true, None));
 
-    eprintln!("container path...");
-    let lat_ct = sequential(n / 2, || container_call(&http, &base)).await?;
-    let (ct_rate, ct_failed) = {
-        let (http, base) = (http.clone(), base.clone());
-        throughput(args.clients, args.secs, move || {
-            let (http, base) = (http.clone(), base.clone());
-            async move { container_call(&http, &base).await }
-        })
-        .await?
-    };
-    table.push(("warren container create + exec `python3 -c` + destroy", lat_ct, Some((ct_rate, ct_failed))));
-
-    eprintln!("bwrap per call...");
-    let rootfs = args.rootfs.clone();
-    let lat_bw = sequential(n, || {
-        let c = bwrap_command(&rootfs);
-        async move { tokio::task::spawn_blocking(move || run_ok(c)).await.map_err(|e| e.to_string())? }
-    })
-    .await?;
-    let (bw_rate, bw_failed) = {
-        let rootfs = rootfs.clone();
-        throughput(args.clients, args.secs, move || {
-            let c = bwrap_command(&rootfs);
-            async move { tokio::task::spawn_blocking(move || run_ok(c)).await.map_err(|e| e.to_string())? }
-        })
-        .await?
-    };
-    table.push(("plain `bwrap --unshare-all ... python3 -c` per call", lat_bw, Some((bw_rate, bw_failed))));
-
-    eprintln!("python start-up...");
-    let lat_py = sequential(n, || {
-        let c = chroot_python(&rootfs, CODE);
-        async move { tokio::task::spawn_blocking(move || run_ok(c)).await.map_err(|e| e.to_string())? }
-    })
-    .await?;
-    let (py_rate, py_failed) = {
-        let rootfs = rootfs.clone();
-        throughput(args.clients, args.secs, move || {
-            let c = chroot_python(&rootfs, CODE);
-            async move { tokio::task::spawn_blocking(move || run_ok(c)).await.map_err(|e| e.to_string())? }
-        })
-        .await?
-    };
-    table.push((
-        "`chroot ROOTFS python3 -c` (python start-up alone, no isolation)",
-        lat_py,
-        Some((py_rate, py_failed)),
-    ));
+    if !args.function_only {
+        peers(&args, &http, &base, &mut table).await?;
+    }
     drop(server);
 
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
@@ -383,8 +401,12 @@ async fn run(args: Args) -> Res<()> {
     let _ = writeln!(report, "- server: `{}`", server_command(&args));
     let _ = writeln!(
         report,
-        "- command: `target/release/warren-bench-function --samples {} --clients {} --secs {} --pool {}`",
-        args.samples, args.clients, args.secs, args.pool
+        "- command: `target/release/warren-bench-function --samples {} --clients {} --secs {} --pool {}{}`",
+        args.samples,
+        args.clients,
+        args.secs,
+        args.pool,
+        if args.function_only { " --function-only" } else { "" }
     );
     let _ = writeln!(report, "- call: `POST /v1/functions/run {py}` (the container path execs `python3 -c '{CODE}'` in a fresh sandbox of the same shape: 256 MiB, 64 MiB disk, 128 pids)\n");
     let _ = writeln!(report, "Latency: {n} sequential calls from one client after 5 warm-up calls (100 for the container path), 20 ms apart for the function calls so the pool is refilled as in steady use; throughput: {} concurrent clients for {} s.\n", args.clients, args.secs);
@@ -398,6 +420,17 @@ async fn run(args: Args) -> Res<()> {
         let _ = writeln!(report, "| {name} | {} | {} | {r} | {f} |", ms(lat.pct(50.0)), ms(lat.pct(99.0)));
     }
     let _ = writeln!(report, "\nServer-side split of a python function call (means): {split}; {forked} of the {n} sequential python calls were served by the fork server (`forked`).\n");
+    let rest = cpu.host.saturating_sub(cpu.server + cpu.sandboxes);
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let _ = writeln!(
+        report,
+        "CPU per python call over the function throughput window ({fn_ok} calls): host {} ms = server process {} ms + sandboxes (python, init) {} ms + the rest (this bench's clients, kernel threads, anything else running) {} ms; {cores} cores / host CPU per call = {:.0} calls/s on otherwise idle cores.\n",
+        ms(cpu.host),
+        ms(cpu.server),
+        ms(cpu.sandboxes),
+        ms(rest),
+        cores as f64 / cpu.host.as_secs_f64().max(1e-9)
+    );
     let _ = writeln!(
         report,
         "Load average (1, 5, 15 min) before the function calls: {load_before}; at the end: {}.\n",
@@ -414,6 +447,64 @@ async fn run(args: Args) -> Res<()> {
     std::fs::write(&out, &report).map_err(|e| format!("{}: {e}", out.display()))?;
     println!("{report}");
     eprintln!("written to {}", out.display());
+    Ok(())
+}
+
+/// One row of the report's table: the path, its sequential latencies, and
+/// its throughput (calls/s, failed calls) where it was measured.
+type Row = (&'static str, Latencies, Option<(f64, usize)>);
+
+/// The peers of a function call, each on the same machine in the same run:
+/// the container path, a plain `bwrap` per call, python's own start-up.
+async fn peers(args: &Args, http: &reqwest::Client, base: &str, table: &mut Vec<Row>) -> Res<()> {
+    eprintln!("container path...");
+    let lat_ct = sequential(args.samples / 2, || container_call(http, base)).await?;
+    let (ct_rate, _, ct_failed) = {
+        let (http, base) = (http.clone(), base.to_string());
+        throughput(args.clients, args.secs, move || {
+            let (http, base) = (http.clone(), base.to_string());
+            async move { container_call(&http, &base).await }
+        })
+        .await?
+    };
+    table.push(("warren container create + exec `python3 -c` + destroy", lat_ct, Some((ct_rate, ct_failed))));
+
+    eprintln!("bwrap per call...");
+    let rootfs = args.rootfs.clone();
+    let lat_bw = sequential(args.samples, || {
+        let c = bwrap_command(&rootfs);
+        async move { tokio::task::spawn_blocking(move || run_ok(c)).await.map_err(|e| e.to_string())? }
+    })
+    .await?;
+    let (bw_rate, _, bw_failed) = {
+        let rootfs = rootfs.clone();
+        throughput(args.clients, args.secs, move || {
+            let c = bwrap_command(&rootfs);
+            async move { tokio::task::spawn_blocking(move || run_ok(c)).await.map_err(|e| e.to_string())? }
+        })
+        .await?
+    };
+    table.push(("plain `bwrap --unshare-all ... python3 -c` per call", lat_bw, Some((bw_rate, bw_failed))));
+
+    eprintln!("python start-up...");
+    let lat_py = sequential(args.samples, || {
+        let c = chroot_python(&rootfs, CODE);
+        async move { tokio::task::spawn_blocking(move || run_ok(c)).await.map_err(|e| e.to_string())? }
+    })
+    .await?;
+    let (py_rate, _, py_failed) = {
+        let rootfs = rootfs.clone();
+        throughput(args.clients, args.secs, move || {
+            let c = chroot_python(&rootfs, CODE);
+            async move { tokio::task::spawn_blocking(move || run_ok(c)).await.map_err(|e| e.to_string())? }
+        })
+        .await?
+    };
+    table.push((
+        "`chroot ROOTFS python3 -c` (python start-up alone, no isolation)",
+        lat_py,
+        Some((py_rate, py_failed)),
+    ));
     Ok(())
 }
 
