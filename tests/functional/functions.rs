@@ -271,19 +271,19 @@ async fn the_default_images_languages_run() {
     server.finish().await;
 }
 
-async fn pool_of(server: &TestServer) -> Option<warren_api::FunctionPoolInfo> {
+async fn pool_of(server: &TestServer, image: &str) -> Option<warren_api::FunctionPoolInfo> {
     let (status, body) = server.call(Method::GET, "/v1/functions/pools", None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let list: warren_api::FunctionPoolList = serde_json::from_value(body).unwrap();
-    list.pools.into_iter().find(|p| p.image == "busybox")
+    list.pools.into_iter().find(|p| p.image == image)
 }
 
-/// Polls the pool until `want` holds (bounded).
-async fn wait_pool(server: &TestServer, what: &str, want: impl Fn(&warren_api::FunctionPoolInfo) -> bool) {
+/// Polls the pool of `image` until `want` holds (bounded).
+async fn wait_pool(server: &TestServer, image: &str, what: &str, want: impl Fn(&warren_api::FunctionPoolInfo) -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     loop {
         // The filler makes the configured pool once the image is imported.
-        let pool = pool_of(server).await;
+        let pool = pool_of(server, image).await;
         if pool.as_ref().is_some_and(&want) {
             return;
         }
@@ -295,7 +295,7 @@ async fn wait_pool(server: &TestServer, what: &str, want: impl Fn(&warren_api::F
 #[tokio::test]
 async fn the_pool_grows_with_demand_and_shrinks_back_within_its_bounds() {
     let server = TestServer::start_with(&["--function-pool", "image=busybox,min=1,max=3,queue=8,memory_mib=64"]).await;
-    wait_pool(&server, "the pool filling to min", |p| p.idle == 1 && p.target == 1).await;
+    wait_pool(&server, "busybox", "the pool filling to min", |p| p.idle == 1 && p.target == 1).await;
     // Five calls at once: three run (max), two wait; demand peaks at five.
     let body = json!({"image": "busybox", "argv": ["sleep", "1"]});
     let calls: Vec<_> = (0..5).map(|_| try_run(&server, &body)).collect();
@@ -303,10 +303,13 @@ async fn the_pool_grows_with_demand_and_shrinks_back_within_its_bounds() {
     for (status, answer) in answers {
         assert_eq!(status, StatusCode::OK, "{answer}");
     }
-    let grown = pool_of(&server).await.expect("the pool is listed");
+    let grown = pool_of(&server, "busybox").await.expect("the pool is listed");
     assert_eq!(grown.target, 3, "the target follows the peak, capped at max: {grown:?}");
-    wait_pool(&server, "the pool growing to its target", |p| p.idle == 3).await;
-    wait_pool(&server, "the pool shrinking back to min after quiet windows", |p| p.idle == 1 && p.target == 1).await;
+    wait_pool(&server, "busybox", "the pool growing to its target", |p| p.idle == 3).await;
+    wait_pool(&server, "busybox", "the pool shrinking back to min after quiet windows", |p| {
+        p.idle == 1 && p.target == 1
+    })
+    .await;
     server.finish().await;
 }
 
@@ -444,6 +447,36 @@ print(socket.gethostname())
         assert_eq!(lines[0], "[] []", "a file leaked between calls: {lines:?}");
         assert_eq!(lines[1], "False False []", "state or a process leaked between calls: {lines:?}");
         assert_eq!(lines[2], hostname, "the calls did not share their fork server, so this proves nothing");
+    }
+    server.finish().await;
+}
+
+/// The pool's sandboxes (workers and fork servers) as the host sees them.
+fn pool_sandboxes(server: &TestServer) -> Vec<std::ffi::OsString> {
+    let dirs = warren_tests::leaks::sandbox_cgroup_dirs(&server.instance);
+    let mut names: Vec<std::ffi::OsString> = dirs.iter().filter_map(|d| d.file_name().map(Into::into)).collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[tokio::test]
+async fn a_steady_caller_keeps_its_fork_server_and_the_pool_makes_and_drops_none() {
+    // One call at a time: one zygote serves them all, and the zygote that
+    // serves a call counts toward the pool's target (no spare is made
+    // during a call, to be dropped after it).
+    let server = python_server(1).await;
+    let first = py(&server, "print('warm')", json!({})).await;
+    assert!(first.forked, "{first:?}");
+    wait_pool(&server, "default", "the first call to settle", |p| {
+        p.busy == 0 && p.idle == 1 && p.idle_fork_servers == 1
+    })
+    .await;
+    let before = pool_sandboxes(&server);
+    for i in 0..8 {
+        let r = py(&server, "print('again')", json!({})).await;
+        assert!(r.forked && r.warm_worker, "{r:?}");
+        assert_eq!(pool_sandboxes(&server), before, "call {i}: the pool made or dropped a sandbox");
     }
     server.finish().await;
 }

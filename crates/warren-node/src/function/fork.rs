@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use warren_backend::{ExecControl, ExecEvent, ExecProcess, ExecSpec, ExitInfo, SandboxHandle};
 
 use super::{Demand, FunctionPool, Functions};
@@ -52,6 +52,10 @@ const MAKERS: usize = 2;
 /// How long a leader may take, after its exit report, to kill what its
 /// call left and remove its IPC before its zygote is given up.
 const SWEEP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Zygotes that broke while serving a call, in a row, after which the
+/// pool's python calls run on one-use workers for good: a fork server that
+/// keeps dying fails the call it held each time and costs a new sandbox.
+const BREAKS_IN_A_ROW: usize = 3;
 
 /// Why a zygote could not be made or used.
 #[derive(Debug, thiserror::Error)]
@@ -76,27 +80,35 @@ enum ForkState {
 /// The zygotes of one pool, and the demand of its python calls.
 pub(crate) struct ForkPool {
     idle: Mutex<VecDeque<Zygote>>,
+    /// Zygotes that reported ready and are not destroyed yet: idle, serving
+    /// a call or settling after one.
+    live: Arc<AtomicUsize>,
     making: AtomicUsize,
     /// Zygotes whose call was answered and whose leader is still sweeping.
     settling: AtomicUsize,
     state: Mutex<ForkState>,
-    /// Python calls admitted or waiting for admission.
+    /// Python calls waiting for admission, running, or settling after
+    /// their answer (they hold a zygote until it is back).
     calls: AtomicUsize,
     demand: Mutex<Demand>,
     /// A python call came: the filler keeps zygotes from then on.
     seen: AtomicBool,
+    /// Zygotes broken while serving a call since the last clean call.
+    breaks: AtomicUsize,
 }
 
 impl ForkPool {
     pub(crate) fn new() -> Self {
         ForkPool {
             idle: Mutex::new(VecDeque::new()),
+            live: Arc::new(AtomicUsize::new(0)),
             making: AtomicUsize::new(0),
             settling: AtomicUsize::new(0),
             state: Mutex::new(ForkState::Untried),
             calls: AtomicUsize::new(0),
             demand: Mutex::new(Demand::new()),
             seen: AtomicBool::new(false),
+            breaks: AtomicUsize::new(0),
         }
     }
 
@@ -143,14 +155,42 @@ impl ForkPool {
         }
     }
 
-    /// Zygotes wanted idle now: recent peak of python calls within the
-    /// pool's bounds, none before the first python call or once unusable.
+    /// Notes a zygote that broke while serving a call; the pool falls back
+    /// to workers at the third in a row. Returns whether it did.
+    fn note_break(&self, why: &str, image: &str) -> bool {
+        let breaks = self.breaks.fetch_add(1, Ordering::SeqCst) + 1;
+        if breaks < BREAKS_IN_A_ROW {
+            return false;
+        }
+        self.mark_unusable(
+            &format!("{breaks} fork servers in a row broke while serving a call (the last: {why})"),
+            image,
+        );
+        true
+    }
+
+    /// Zygotes wanted alive now (idle, serving or settling): the recent
+    /// peak of python calls within the pool's bounds, none before the first
+    /// python call or once unusable. A call holds its zygote from its claim
+    /// until the zygote is back, and is counted as long, so this many never
+    /// leave a call without an idle zygote; zygotes are reused, so the ones
+    /// serving calls count (counting idle ones only made a spare during
+    /// every call and dropped one after it).
     pub(crate) fn target(&self, min: usize, max: usize) -> usize {
         let peak = self.demand.lock().unwrap_or_else(|p| p.into_inner()).note(self.calls());
         if !self.seen.load(Ordering::SeqCst) || !self.usable() {
             return 0;
         }
         peak.clamp(min, max)
+    }
+
+    fn live(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
+    }
+
+    /// Whether the filler has zygotes to make for `target`.
+    fn short_of(&self, target: usize) -> bool {
+        self.live() + self.making.load(Ordering::SeqCst) < target
     }
 
     /// The idle zygotes beyond the first `keep`, to be dropped (which
@@ -166,10 +206,13 @@ impl ForkPool {
 pub(crate) struct ForkDemand(Arc<FunctionPool>);
 
 impl ForkDemand {
-    pub(crate) fn new(pool: &Arc<FunctionPool>) -> Self {
+    /// Wakes the filler when the pool has fewer zygotes than calls now.
+    pub(crate) fn new(pool: &Arc<FunctionPool>, functions: &Functions) -> Self {
         pool.fork.seen.store(true, Ordering::SeqCst);
         pool.fork.calls.fetch_add(1, Ordering::SeqCst);
-        pool.fork.target(pool.min, pool.max);
+        if pool.fork.short_of(pool.fork.target(pool.min, pool.max)) {
+            functions.wake.notify_one();
+        }
         ForkDemand(Arc::clone(pool))
     }
 }
@@ -191,10 +234,15 @@ pub(crate) struct Zygote {
     /// child died of SIGKILL means the call ran out of memory.
     oom_kills: u64,
     functions: Arc<Functions>,
+    /// Its pool's count of live zygotes, once it counts there (ready).
+    live: Option<Arc<AtomicUsize>>,
 }
 
 impl Drop for Zygote {
     fn drop(&mut self) {
+        if let Some(live) = &self.live {
+            live.fetch_sub(1, Ordering::SeqCst);
+        }
         self.functions.destroy_later(self.handle.clone());
         self.functions.wake.notify_one();
     }
@@ -330,10 +378,15 @@ async fn make(functions: &Arc<Functions>, pool: &FunctionPool) -> Result<Zygote,
         frames: Frames::default(),
         oom_kills: 0,
         functions: Arc::clone(functions),
+        live: None,
     };
     zygote.oom_kills = functions.container.limit_counters(&zygote.handle).map(|c| c.oom_kills).unwrap_or(0);
     match tokio::time::timeout(READY_TIMEOUT, zygote.next_frame()).await {
-        Ok(Ok(Frame::Ready)) => Ok(zygote),
+        Ok(Ok(Frame::Ready)) => {
+            pool.fork.live.fetch_add(1, Ordering::SeqCst);
+            zygote.live = Some(Arc::clone(&pool.fork.live));
+            Ok(zygote)
+        }
         Ok(Ok(other)) => Err(ForkError::Unusable(format!("it answered {other:?} before ready"))),
         Ok(Err(Gone::Fatal(why))) => Err(ForkError::Unusable(why)),
         Ok(Err(gone)) => Err(ForkError::Make(gone.to_string())),
@@ -386,8 +439,9 @@ pub(crate) async fn claim(functions: &Arc<Functions>, pool: &Arc<FunctionPool>) 
     if !pool.fork.usable() {
         return None;
     }
+    // The filler is not woken: a claim changes no count it looks at (the
+    // call's demand woke it if the pool was short).
     let popped = pool.fork.idle().pop_front();
-    functions.wake.notify_one();
     match popped {
         Some(z) => Some((z, true)),
         None => make_for(functions, pool).await.map(|z| (z, false)),
@@ -397,12 +451,10 @@ pub(crate) async fn claim(functions: &Arc<Functions>, pool: &Arc<FunctionPool>) 
 /// The filler's pass over a pool's zygotes.
 pub(crate) fn fill(functions: &Arc<Functions>, pool: &Arc<FunctionPool>) {
     let target = pool.fork.target(pool.min, pool.max);
-    drop(pool.fork.take_idle(target));
-    loop {
-        let making = pool.fork.making.load(Ordering::SeqCst);
-        if pool.fork.idle_count() + making >= target || making >= MAKERS {
-            return;
-        }
+    let idle = pool.fork.idle_count();
+    let (surplus, make) = plan(target, pool.fork.live(), idle, pool.fork.making.load(Ordering::SeqCst));
+    drop(pool.fork.take_idle(idle - surplus));
+    for _ in 0..make {
         pool.fork.making.fetch_add(1, Ordering::SeqCst);
         let (functions, pool) = (Arc::clone(functions), Arc::clone(pool));
         tokio::spawn(async move {
@@ -418,6 +470,16 @@ pub(crate) fn fill(functions: &Arc<Functions>, pool: &Arc<FunctionPool>) {
             functions.wake.notify_one();
         });
     }
+}
+
+/// The filler's plan for a pool's zygotes: how many idle ones to drop and
+/// how many to start making, given the `target` of live ones, the `live`
+/// ones (idle, serving or settling), the `idle` ones and those `making`.
+/// Only idle zygotes are dropped; at most [`MAKERS`] are made at a time.
+fn plan(target: usize, live: usize, idle: usize, making: usize) -> (usize, usize) {
+    let surplus = live.saturating_sub(target).min(idle);
+    let make = target.saturating_sub(live + making).min(MAKERS.saturating_sub(making));
+    (surplus, make)
 }
 
 /// The request a leader passes to its child (as JSON), and the call's
@@ -461,35 +523,28 @@ struct ExitReport {
     peak_memory_bytes: u64,
 }
 
-/// What the exit report of a call said, known before its leader's sweep.
-pub(crate) enum Reported {
-    /// The call ran and ended (or the zygote broke meanwhile): answer it.
-    Ended,
+/// How a call's relay ended.
+pub(crate) enum Relayed {
+    /// The call ran and its exit went out as the process's `Exited`; the
+    /// leader's sweep of what the call left follows ([`swept`]).
+    Exited(Zygote),
     /// The child could not isolate itself; the user code never ran.
-    SetupFailed(String),
-}
-
-/// How a call on a zygote ended, for the zygote.
-pub(crate) enum Outcome {
-    /// The call's processes are gone: the zygote may serve again once its
-    /// call directory is removed.
-    Clean,
-    /// The child could not isolate itself; the user code never ran.
-    SetupFailed,
+    SetupFailed(Zygote, String),
     /// The zygote is unusable (dead, garbage, unresponsive): destroy it.
-    Broken(String),
+    /// The process ended `Lost` (or `Exited` with `oom`).
+    Broken(Zygote, String),
 }
 
-/// A started call: its process, what its exit report said (sent before
-/// the process's `Exited`), and its zygote with the outcome once the
-/// leader has swept the call away.
-pub(crate) type Started = (ExecProcess, oneshot::Receiver<Reported>, oneshot::Receiver<(Zygote, Outcome)>);
-
-/// Starts `request` on `zygote`. The returned process behaves like an
-/// exec's (output, then one `Exited` or `Lost`; `Kill` kills the call's
-/// tree); the zygote comes back with the outcome once nothing of the call
-/// is left, which may be after the exit was reported.
-pub(crate) async fn start(zygote: Zygote, request: &ForkRequest) -> Result<Started, (Zygote, String)> {
+/// Starts `request` on `zygote`. Returns the call's process, which behaves
+/// like an exec's (output, then one `Exited` or `Lost`; `Kill` kills the
+/// call's tree), and the relay that feeds it from the zygote's frames until
+/// the exit report. The relay is a future to poll beside the process's
+/// consumer in the same task: no task of its own, so an output frame costs
+/// one wake-up of the call's task, not two.
+pub(crate) async fn start(
+    zygote: Zygote,
+    request: &ForkRequest,
+) -> Result<(ExecProcess, impl std::future::Future<Output = Relayed>), (Zygote, String)> {
     let payload = match request.payload() {
         Ok(p) => p,
         Err(e) => return Err((zygote, e)),
@@ -499,24 +554,18 @@ pub(crate) async fn start(zygote: Zygote, request: &ForkRequest) -> Result<Start
     }
     let (events_tx, events_rx) = mpsc::channel(64);
     let (control_tx, control_rx) = mpsc::channel(16);
-    let (reported_tx, reported_rx) = oneshot::channel();
-    let (done_tx, done_rx) = oneshot::channel();
-    tokio::spawn(relay(zygote, control_rx, events_tx, reported_tx, done_tx));
-    Ok((ExecProcess { events: events_rx, control: control_tx }, reported_rx, done_rx))
+    Ok((ExecProcess { events: events_rx, control: control_tx }, relay(zygote, control_rx, events_tx)))
 }
 
-/// Passes one call's frames on as exec events until its exit report,
-/// then waits for the leader's sweep.
+/// Passes one call's frames on as exec events until its exit report.
 async fn relay(
     mut zygote: Zygote,
     mut control: mpsc::Receiver<ExecControl>,
     events: mpsc::Sender<ExecEvent>,
-    reported: oneshot::Sender<Reported>,
-    done: oneshot::Sender<(Zygote, Outcome)>,
-) {
+) -> Relayed {
     let channel = zygote.control.clone();
     let mut kill_sent = false;
-    let outcome = loop {
+    let why = loop {
         tokio::select! {
             f = zygote.next_frame() => match f {
                 Ok(Frame::Stdout(b)) => { let _ = events.send(ExecEvent::Stdout(b)).await; }
@@ -524,33 +573,21 @@ async fn relay(
                 Ok(Frame::Exit(json)) => {
                     let report: ExitReport = match serde_json::from_slice(&json) {
                         Ok(r) => r,
-                        Err(e) => break Outcome::Broken(format!("a bad exit report: {e}")),
+                        Err(e) => break format!("a bad exit report: {e}"),
                     };
                     if let Some(why) = report.setup_error {
-                        let _ = reported.send(Reported::SetupFailed(why));
-                        let _ = done.send((zygote, Outcome::SetupFailed));
-                        return;
+                        return Relayed::SetupFailed(zygote, why);
                     }
                     let info = exit_info(&mut zygote, &report);
-                    let _ = reported.send(Reported::Ended);
                     let _ = events.send(ExecEvent::Exited(info)).await;
-                    // The caller is answered; the zygote serves again once
-                    // its leader says nothing of the call is left.
-                    let outcome = match tokio::time::timeout(SWEEP_TIMEOUT, zygote.next_frame()).await {
-                        Ok(Ok(Frame::Swept)) => Outcome::Clean,
-                        Ok(Ok(other)) => Outcome::Broken(format!("an unexpected {other:?} after the exit")),
-                        Ok(Err(gone)) => Outcome::Broken(gone.to_string()),
-                        Err(_) => Outcome::Broken(format!("no sweep within {SWEEP_TIMEOUT:?} of the exit")),
-                    };
-                    let _ = done.send((zygote, outcome));
-                    return;
+                    return Relayed::Exited(zygote);
                 }
-                Ok(other) => break Outcome::Broken(format!("an unexpected {other:?}")),
+                Ok(other) => break format!("an unexpected {other:?}"),
                 Err(Gone::Ended { oom: true }) => {
                     let _ = events.send(ExecEvent::Exited(killed_for_memory())).await;
-                    break Outcome::Broken(Gone::Ended { oom: true }.to_string());
+                    return Relayed::Broken(zygote, Gone::Ended { oom: true }.to_string());
                 }
-                Err(gone) => break Outcome::Broken(gone.to_string()),
+                Err(gone) => break gone.to_string(),
             },
             c = control.recv() => match c {
                 Some(ExecControl::Kill) if !kill_sent => {
@@ -559,15 +596,39 @@ async fn relay(
                 }
                 Some(_) => {}
                 // The exec's owner gave up on it (a kill went unanswered).
-                None => break Outcome::Broken("the call was abandoned".into()),
+                None => break "the call was abandoned".to_string(),
             },
         }
     };
-    let _ = reported.send(Reported::Ended);
-    if let Outcome::Broken(why) = &outcome {
-        let _ = events.send(ExecEvent::Lost(why.clone())).await;
+    let _ = events.send(ExecEvent::Lost(why.clone())).await;
+    Relayed::Broken(zygote, why)
+}
+
+/// Waits, after a call's exit report, for its leader to say that nothing
+/// of the call is left; an error means the zygote must be destroyed
+/// ([`broke`]).
+pub(crate) async fn swept(pool: &FunctionPool, zygote: &mut Zygote) -> Result<(), String> {
+    let swept = match tokio::time::timeout(SWEEP_TIMEOUT, zygote.next_frame()).await {
+        Ok(Ok(Frame::Swept)) => Ok(()),
+        Ok(Ok(other)) => Err(format!("an unexpected {other:?} after the exit")),
+        Ok(Err(gone)) => Err(gone.to_string()),
+        Err(_) => Err(format!("no sweep within {SWEEP_TIMEOUT:?} of the exit")),
+    };
+    if swept.is_ok() {
+        pool.fork.breaks.store(0, Ordering::SeqCst);
     }
-    let _ = done.send((zygote, outcome));
+    swept
+}
+
+/// Destroys a zygote that broke while serving a call (it is replaced);
+/// the third in a row without a clean call between sends the pool's python
+/// calls to one-use workers.
+pub(crate) fn broke(pool: &FunctionPool, zygote: Zygote, why: &str) {
+    tracing::warn!(zygote = %zygote.handle.id, "a fork server is replaced: {why}");
+    drop(zygote);
+    if pool.fork.note_break(why, &pool.image) {
+        drop(pool.fork.take_idle(0));
+    }
 }
 
 fn exit_info(zygote: &mut Zygote, report: &ExitReport) -> ExitInfo {
@@ -601,23 +662,15 @@ fn killed_for_memory() -> ExitInfo {
     }
 }
 
-/// Gives a zygote back to its pool once its call directory is gone (a
-/// zygote whose directory cannot be removed is destroyed). Blocking.
-pub(crate) fn settle(pool: &FunctionPool, zygote: Zygote, root: &warren_backend::FsRoot, call_dir: &str) {
-    match warren_backend::files::remove(root, call_dir, true) {
-        Ok(()) => put_back(pool, zygote),
-        Err(e) => tracing::warn!(zygote = %zygote.handle.id, "cannot remove the call directory {call_dir}: {e}"),
-    }
-}
-
 /// Returns a zygote that is ready for a call to its pool's idle list.
 pub(crate) fn put_back(pool: &FunctionPool, zygote: Zygote) {
     if zygote.functions.closed.load(Ordering::SeqCst) {
         return;
     }
-    let functions = Arc::clone(&zygote.functions);
+    // Most recently used first: the warmest is taken next, the coldest is
+    // the one dropped. The filler need not look: a zygote coming back
+    // changes no count it acts on.
     pool.fork.idle().push_front(zygote);
-    functions.wake.notify_one();
 }
 
 /// Marks the pool's python calls as unable to fork (a child could not
@@ -661,6 +714,34 @@ mod tests {
         let json: serde_json::Value = serde_json::from_slice(&payload[4..4 + len]).unwrap();
         assert_eq!(json, serde_json::json!({"code": "print(1)", "args": ["a"], "env": {"HOME": "/w"}, "cwd": "/w"}));
         assert_eq!(&payload[4 + len..], b"\x00raw\xff");
+    }
+
+    #[test]
+    fn zygotes_serving_calls_count_toward_the_target() {
+        // A steady caller's one zygote, serving its call: no spare is made...
+        assert_eq!(plan(1, 1, 0, 0), (0, 0));
+        // ...so none is dropped when it comes back.
+        assert_eq!(plan(1, 1, 1, 0), (0, 0));
+        // Demand fell: idle ones above the target go, never a busy one.
+        assert_eq!(plan(1, 3, 1, 0), (1, 0));
+        assert_eq!(plan(1, 3, 3, 0), (2, 0));
+        // Demand rose: the ones being made count, at most MAKERS at a time.
+        assert_eq!(plan(6, 1, 0, 0), (0, MAKERS));
+        assert_eq!(plan(6, 4, 0, 1), (0, 1));
+        assert_eq!(plan(6, 5, 1, 1), (0, 0));
+    }
+
+    #[test]
+    fn a_pool_falls_back_to_workers_after_three_broken_fork_servers_in_a_row() {
+        let pool = ForkPool::new();
+        assert!(!pool.note_break("gone", "img") && !pool.note_break("gone", "img"));
+        // A clean call between breaks starts the count again.
+        pool.breaks.store(0, Ordering::SeqCst);
+        assert!(!pool.note_break("gone", "img") && !pool.note_break("gone", "img"));
+        assert!(pool.usable());
+        assert!(pool.note_break("gone", "img"));
+        assert!(!pool.usable());
+        assert_eq!(pool.target(1, 4), 0, "no zygote is kept once the pool fell back");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use warren_api::{
 use warren_backend::files::{self, FileError};
 use warren_backend::{ExecProcess, ExecSpec, FsRoot};
 
-use super::fork::{self, ForkDemand, ForkRequest, Outcome, Reported};
+use super::fork::{self, ForkDemand, ForkRequest, Relayed, Zygote};
 use super::{call_shape, Admission, FunctionPool, Worker};
 use crate::exec::ExecEntry;
 use crate::{base_env, new_id, Node, NodeError, Result};
@@ -252,6 +252,27 @@ fn make_call_dir(root: &FsRoot, call: &Call) -> CallDir {
     CallDir::Made
 }
 
+/// Gives a zygote back to its pool once its call directory is gone (a
+/// zygote whose directory cannot be removed is destroyed). A call that left
+/// its directory empty - most do - costs one rmdir here; a tree is removed
+/// off the runtime.
+async fn settle(pool: Arc<FunctionPool>, zygote: Zygote, root: Arc<FsRoot>, call_dir: String) {
+    let removed = match files::remove(&root, &call_dir, false) {
+        Ok(()) => Ok(()),
+        Err(_) => {
+            let dir = call_dir.clone();
+            match blocking(move || files::remove(&root, &dir, true)).await {
+                Ok(removed) => removed.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    };
+    match removed {
+        Ok(()) => fork::put_back(&pool, zygote),
+        Err(e) => tracing::warn!(zygote = %zygote.handle.id, "cannot remove the call directory {call_dir}: {e}"),
+    }
+}
+
 /// Reads the fetched files back. Blocking.
 fn fetch(root: &FsRoot, cwd: &str, paths: &[String]) -> BTreeMap<String, FetchedFile> {
     let b64 = &base64::engine::general_purpose::STANDARD;
@@ -314,15 +335,16 @@ impl Node {
             }
             other => other,
         })?;
-        let request = call.fork_request();
-        let _python_demand = request.as_ref().map(|_| ForkDemand::new(&pool));
+        let forked = call.fork_request().map(|request| (request, ForkDemand::new(&pool, &self.inner.functions)));
         let (admission, queued) = self.inner.functions.admit(&pool).await?;
         let call = Arc::new(call);
-        let admission = match request {
-            Some(request) => match self.run_forked(&pool, admission, &call, request, arrived, queued).await {
-                Forked::Done(result) => return *result,
-                Forked::Declined(admission) => admission,
-            },
+        let admission = match forked {
+            Some((request, demand)) => {
+                match self.run_forked(&pool, admission, demand, &call, request, arrived, queued).await {
+                    Forked::Done(result) => return *result,
+                    Forked::Declined(admission) => admission,
+                }
+            }
             None => admission,
         };
         let mut worker = self.inner.functions.take_worker(admission).await?;
@@ -362,10 +384,14 @@ impl Node {
     /// Runs a python call on one of the pool's fork servers: a fresh call
     /// directory with the files, the request, the run under the deadline,
     /// `fetch`, and the directory's removal before the zygote serves again.
+    /// The call counts in the pool's zygote demand (`demand`) and holds its
+    /// admission until its zygote is back.
+    #[allow(clippy::too_many_arguments)]
     async fn run_forked(
         &self,
         pool: &Arc<FunctionPool>,
         admission: Admission,
+        demand: ForkDemand,
         call: &Arc<Call>,
         request: ForkRequest,
         arrived: Instant,
@@ -380,21 +406,29 @@ impl Node {
                 return Forked::Declined(admission);
             }
         };
-        let (dir_root, dir_call) = (Arc::clone(&root), Arc::clone(call));
-        match blocking(move || make_call_dir(&dir_root, &dir_call)).await {
-            Ok(CallDir::Made) => {}
-            Ok(CallDir::Taken) => {
+        let made = if call.files.is_empty() {
+            // One mkdir in the sandbox's upper layer (a tmpfs): cheaper
+            // than the hops to a blocking thread and back.
+            make_call_dir(&root, call)
+        } else {
+            let (dir_root, dir_call) = (Arc::clone(&root), Arc::clone(call));
+            match blocking(move || make_call_dir(&dir_root, &dir_call)).await {
+                Ok(made) => made,
+                Err(e) => return Forked::Done(Box::new(Err(e))),
+            }
+        };
+        match made {
+            CallDir::Made => {}
+            CallDir::Taken => {
                 fork::put_back(pool, zygote);
                 return Forked::Declined(admission);
             }
-            Ok(CallDir::Failed(e)) => {
-                let (pool, root, cwd) = (Arc::clone(pool), Arc::clone(&root), call.cwd.clone());
-                let _ = blocking(move || fork::settle(&pool, zygote, &root, &cwd)).await;
+            CallDir::Failed(e) => {
+                settle(Arc::clone(pool), zygote, root, call.cwd.clone()).await;
                 return Forked::Done(Box::new(Err(e)));
             }
-            Err(e) => return Forked::Done(Box::new(Err(e))),
         }
-        let (process, reported, done) = match fork::start(zygote, &request).await {
+        let (process, relay) = match fork::start(zygote, &request).await {
             Ok(started) => started,
             Err((zygote, why)) => {
                 tracing::warn!(zygote = %zygote.handle.id, "a fork server took no call: {why}");
@@ -403,13 +437,23 @@ impl Node {
         };
         let (prepared, run_started) = (arrived.elapsed(), Instant::now());
         let entry = ExecEntry::new(new_id("ex"), None, call.output_cap);
-        Arc::clone(&entry).drive(process, None, false, run_started + call.timeout).await;
+        // The relay runs in this task beside the exec's pump; it ends on the
+        // exit report (or when the pump gave up on the zygote).
+        let (_, relayed) =
+            tokio::join!(Arc::clone(&entry).drive(process, None, false, run_started + call.timeout), relay);
         let run_secs = run_started.elapsed().as_secs_f64();
-        if let Ok(Reported::SetupFailed(why)) = reported.await {
-            fork::give_up(pool, &why);
-            drop(done.await);
-            return Forked::Declined(admission);
-        }
+        let zygote = match relayed {
+            Relayed::Exited(zygote) => Some(zygote),
+            Relayed::SetupFailed(zygote, why) => {
+                fork::give_up(pool, &why);
+                drop(zygote);
+                return Forked::Declined(admission);
+            }
+            Relayed::Broken(zygote, why) => {
+                fork::broke(pool, zygote, &why);
+                None
+            }
+        };
         let fetch_started = Instant::now();
         let files = if call.fetch.is_empty() {
             Ok(BTreeMap::new())
@@ -420,23 +464,19 @@ impl Node {
         // The answer does not wait for the leader's sweep; the zygote (and
         // the call's admission slot) come back once it is done and the call
         // directory is gone.
-        let (settle_pool, cwd, functions) = (Arc::clone(pool), call.cwd.clone(), Arc::clone(functions));
-        settle_pool.fork.settling_started();
-        tokio::spawn(async move {
-            match done.await {
-                Ok((zygote, Outcome::Clean)) => {
-                    let pool = Arc::clone(&settle_pool);
-                    let _ = blocking(move || fork::settle(&pool, zygote, &root, &cwd)).await;
+        if let Some(mut zygote) = zygote {
+            let (settle_pool, cwd, functions) = (Arc::clone(pool), call.cwd.clone(), Arc::clone(functions));
+            settle_pool.fork.settling_started();
+            tokio::spawn(async move {
+                match fork::swept(&settle_pool, &mut zygote).await {
+                    Ok(()) => settle(Arc::clone(&settle_pool), zygote, root, cwd).await,
+                    Err(why) => fork::broke(&settle_pool, zygote, &why),
                 }
-                Ok((zygote, Outcome::Broken(why))) => {
-                    tracing::warn!(zygote = %zygote.handle.id, "a fork server is replaced: {why}");
-                }
-                Ok((_, Outcome::SetupFailed)) | Err(_) => {}
-            }
-            drop(admission);
-            settle_pool.fork.settling_done();
-            functions.destroyed.notify_waiters();
-        });
+                drop((admission, demand));
+                settle_pool.fork.settling_done();
+                functions.destroyed.notify_waiters();
+            });
+        }
         let files = match files {
             Ok(files) => files,
             Err(e) => return Forked::Done(Box::new(Err(e))),
