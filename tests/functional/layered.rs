@@ -288,7 +288,7 @@ async fn image_stats_count_the_access_trace_one_node_stores_and_the_next_replays
     let replayed = loop {
         let layers = layer_stats(&server).await;
         let l = layers.first().cloned().expect("the layer is cached again");
-        if l.trace_units_replayed >= 1 {
+        if l.trace_units_replayed >= 1 && l.trace_replays_running == 0 {
             break l;
         }
         assert!(std::time::Instant::now() < deadline, "the trace was not replayed: {l:?}");

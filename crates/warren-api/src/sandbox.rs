@@ -568,6 +568,10 @@ pub struct LayerCacheStats {
     pub traced_units: u64,
     #[serde(default)]
     pub traces_published: u64,
+    /// 1 while the layer's trace replay runs (it runs beside the first
+    /// sandbox's workload; the replay counters are final at 0).
+    #[serde(default)]
+    pub trace_replays_running: u64,
     /// Sandboxes (and pool members) using the layer now.
     pub leases: u64,
     pub mounted: bool,

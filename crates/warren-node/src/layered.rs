@@ -425,6 +425,7 @@ impl LayeredImages {
                     failed_trace_units: l.failed_trace_units,
                     traced_units: l.traced_units,
                     traces_published: l.traces_published,
+                    trace_replays_running: l.trace_replays_running as u64,
                     leases: l.leases as u64,
                     mounted: l.mounted,
                 })
