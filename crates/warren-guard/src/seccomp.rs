@@ -66,7 +66,10 @@ pub use allow::{ALLOWED_SYSCALLS, REFUSED_UNLISTED};
 
 use std::collections::BTreeMap;
 
-pub use seccompiler::{sock_filter, BpfProgram};
+pub use libc::sock_filter;
+
+/// A classic-BPF program, as `seccomp(SECCOMP_SET_MODE_FILTER)` takes it.
+pub type BpfProgram = Vec<sock_filter>;
 
 /// Errors building the filter. They are all bugs in the profile's data, so
 /// none can happen for [`DENY_RULES`] (a test compiles it).

@@ -109,7 +109,8 @@ fn seccompiler_program(rules: &[&DenyRule], answer: Answer) -> Result<BpfProgram
         SeccompAction::Errno(answer.errno() as u32),
         TargetArch::x86_64,
     )?;
-    Ok(filter.try_into()?)
+    let program: seccompiler::BpfProgram = filter.try_into()?;
+    Ok(program.iter().map(|i| jump(i.code, i.k, i.jt, i.jf)).collect())
 }
 
 /// The conditions of one rule, as seccompiler rules (any one matching
