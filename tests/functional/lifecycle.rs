@@ -209,3 +209,36 @@ async fn running_exec_keeps_an_idle_sandbox_alive() {
     assert_eq!(ended.end_reason, Some(EndReason::IdleTimeout), "idle again after the exec: {ended:?}");
     server.finish().await;
 }
+
+/// A PID 1 that stops answering (stopped from the host here) is not taken
+/// for dead at its first missed ping - a TCG guest on a loaded host misses
+/// some and then answers - but one that stays silent is ended `init_died`,
+/// saying why.
+#[tokio::test]
+async fn a_silent_init_is_ended_only_when_it_stays_silent() {
+    use rustix::process::{kill_process, Pid, Signal};
+    let server = TestServer::start().await;
+    let sb = server.create_small().await;
+    let pid1 = sandbox_pid1(&server.instance, &sb.id).expect("the sandbox has a PID 1");
+    let pid = Pid::from_raw(pid1).expect("a valid pid");
+    let missed = |server: &TestServer| server.log_tail(400).matches("init did not answer a ping").count();
+
+    kill_process(pid, Signal::STOP).expect("stop the sandbox's PID 1");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while missed(&server) < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "no probe missed its ping; log:\n{}", server.log_tail(40));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let info = server.get(&sb.id).await;
+    assert_eq!(info.state, SandboxState::Running, "ended at a missed ping: {info:?}");
+    kill_process(pid, Signal::CONT).expect("resume the sandbox's PID 1");
+    assert_eq!(server.sh_ok(&sb.id, "echo still here").await, "still here\n");
+
+    kill_process(pid, Signal::STOP).expect("stop the sandbox's PID 1 again");
+    let info = server.wait_ended(&sb.id, Duration::from_secs(120)).await;
+    assert_eq!(info.end_reason, Some(EndReason::InitDied), "{info:?}");
+    let message = info.end_message.unwrap_or_default();
+    assert!(message.contains("answered no ping"), "the end does not say init went silent: {message}");
+    assert!(sandbox_pids(&server.instance, &sb.id).is_empty(), "the silent sandbox's processes outlived its end");
+    server.finish().await;
+}

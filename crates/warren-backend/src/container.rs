@@ -328,10 +328,14 @@ impl Driver for ContainerDriver {
         let Ok(state) = self.state(handle) else { return Liveness::Dead { oom: false } };
         // A frozen init cannot answer a ping; its being there is all a paused sandbox can show.
         let frozen = || self.cgroup(&handle.id).is_ok_and(|cg| cg.is_frozen());
-        if state.pid1.is_running()
-            && (frozen() || channel::ping(&self.layout(&handle.id).ctl_sock(), PING_TIMEOUT).await)
-        {
-            return Liveness::Alive;
+        if state.pid1.is_running() {
+            if frozen() || channel::ping(&self.layout(&handle.id).ctl_sock(), PING_TIMEOUT).await {
+                return Liveness::Alive;
+            }
+            // The ping's wait may have seen init die; if not, it is only slow.
+            if state.pid1.is_running() {
+                return Liveness::Unresponsive;
+            }
         }
         let oom = self.cgroup(&handle.id).and_then(|cg| cg.oom_kills().map_err(cgroup_err)).is_ok_and(|n| n > 0);
         Liveness::Dead { oom }

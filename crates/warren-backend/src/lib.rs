@@ -136,6 +136,11 @@ pub struct ExecProcess {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Liveness {
     Alive,
+    /// PID 1 (or the VM's QEMU) is there but did not answer a ping in time:
+    /// a host or guest too loaded to answer (a TCG guest at high load), or a
+    /// hung init. Not dead yet: the node ends the sandbox only when this
+    /// lasts (see the node's reaper).
+    Unresponsive,
     /// PID 1 is gone; `oom` when the out-of-memory killer took it.
     Dead {
         oom: bool,

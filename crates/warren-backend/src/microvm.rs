@@ -698,8 +698,11 @@ impl Driver for MicroVmDriver {
                 }
                 // A pause that came while the ping waited stopped the guest
                 // mid-answer; one to disk also ended the mux the ping used.
-                if matches!(self.seen(&handle.id), Seen::OnDisk | Seen::Running { exited: false, paused: true }) {
-                    return Liveness::Alive;
+                match self.seen(&handle.id) {
+                    Seen::OnDisk | Seen::Running { exited: false, paused: true } => return Liveness::Alive,
+                    // QEMU runs on: the guest is slow (TCG under load) or its init hangs.
+                    Seen::Running { exited: false, paused: false } => return Liveness::Unresponsive,
+                    Seen::Running { exited: true, .. } | Seen::Absent => {}
                 }
             }
             Seen::Running { exited: true, .. } | Seen::Absent => {}

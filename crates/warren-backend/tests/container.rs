@@ -214,10 +214,30 @@ async fn probe_says_dead_after_pid1_is_killed_from_outside() {
                 assert!(!oom);
                 break;
             }
-            Liveness::Alive => assert!(Instant::now() < deadline, "still alive after SIGKILL"),
+            Liveness::Alive | Liveness::Unresponsive => {
+                assert!(Instant::now() < deadline, "still not dead after SIGKILL")
+            }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    bench.driver.destroy(&handle).await.unwrap();
+    assert!(!fs::exists(format!("/proc/{pid}")).unwrap());
+    bench.finish().await;
+}
+
+/// A PID 1 that is there but cannot answer (stopped from outside) is
+/// `Unresponsive`, not dead; once it runs again it answers.
+#[tokio::test]
+async fn probe_says_unresponsive_while_pid1_is_stopped() {
+    let bench = Bench::new();
+    let handle = bench.driver.create(&bench.spec("stopped")).await.unwrap();
+    let pid = pid1(&handle);
+    // SAFETY: kill(2) of the sandbox's PID 1, which this test just made.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    assert_eq!(bench.driver.probe(&handle).await, Liveness::Unresponsive);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    assert_eq!(bench.driver.probe(&handle).await, Liveness::Alive);
     bench.driver.destroy(&handle).await.unwrap();
     assert!(!fs::exists(format!("/proc/{pid}")).unwrap());
     bench.finish().await;

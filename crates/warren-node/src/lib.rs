@@ -82,6 +82,10 @@ const CREATE_DEADLINE: Duration = Duration::from_secs(60);
 const REAP_INTERVAL: Duration = Duration::from_millis(250);
 /// Liveness probes run every this many reaper ticks.
 const PROBE_EVERY_TICKS: u64 = 8;
+/// How long a sandbox whose PID 1 is there may leave every ping unanswered
+/// before it is ended as `init_died`. A ping alone is a poor judge: a TCG
+/// guest on a loaded host misses its 2 s for a while and then answers.
+const UNRESPONSIVE_GRACE: Duration = Duration::from_secs(30);
 /// Limit counters (OOM kills, refused forks, a full writable layer) are
 /// read every this many reaper ticks.
 const LIMITS_EVERY_TICKS: u64 = 4;
@@ -219,6 +223,8 @@ struct Live {
     phase_switch: tokio::sync::Mutex<()>,
     /// The limit counters the reaper saw last.
     limits: Mutex<limits::LimitWatch>,
+    /// Since when every probe found PID 1 there but not answering.
+    unanswered_since: Mutex<Option<std::time::Instant>>,
     /// Keeps the sandbox's layered-image layers mounted while it lives.
     _layers: Vec<LayerLease>,
 }
@@ -243,7 +249,19 @@ impl Live {
             timeline: Mutex::new(events::Timeline::default()),
             phase_switch: tokio::sync::Mutex::new(()),
             limits: Mutex::new(limits::LimitWatch::default()),
+            unanswered_since: Mutex::new(None),
         })
+    }
+
+    /// Records a probe's answer; returns for how long no probe has been
+    /// answered (zero when this one was).
+    fn probe_answered(&self, answered: bool) -> Duration {
+        let mut since = self.unanswered_since.lock().unwrap_or_else(|p| p.into_inner());
+        if answered {
+            *since = None;
+            return Duration::ZERO;
+        }
+        since.get_or_insert_with(std::time::Instant::now).elapsed()
     }
 
     fn timeline(&self) -> std::sync::MutexGuard<'_, events::Timeline> {
@@ -1234,7 +1252,20 @@ impl Node {
                     Some((EndReason::IdleTimeout, None))
                 } else if tick.is_multiple_of(PROBE_EVERY_TICKS) {
                     match live.driver.probe(&live.handle).await {
-                        Liveness::Alive => None,
+                        Liveness::Alive => {
+                            live.probe_answered(true);
+                            None
+                        }
+                        Liveness::Unresponsive => {
+                            let silent = live.probe_answered(false);
+                            if silent >= UNRESPONSIVE_GRACE {
+                                let msg = format!("init is there but answered no ping for {} s", silent.as_secs());
+                                Some((EndReason::InitDied, Some(msg)))
+                            } else {
+                                tracing::warn!(sandbox = %live.id, "init did not answer a ping (silent for {silent:?})");
+                                None
+                            }
+                        }
                         Liveness::Dead { oom: true } => {
                             Some((EndReason::Oom, Some("init was killed by the OOM killer".to_string())))
                         }
@@ -1300,7 +1331,10 @@ impl Node {
             let driver = self.driver(rec.info.backend)?;
             let alive = match (&rec.handle, rec.info.state) {
                 // A paused sandbox is re-adopted paused (the driver probes it without a ping).
-                (Some(h), SandboxState::Running | SandboxState::Paused) => driver.probe(h).await == Liveness::Alive,
+                // A slow init is re-adopted; the reaper ends it if it stays silent.
+                (Some(h), SandboxState::Running | SandboxState::Paused) => {
+                    !matches!(driver.probe(h).await, Liveness::Dead { .. })
+                }
                 _ => false,
             };
             if alive {
