@@ -14,7 +14,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # The default image (cached after the first build): the function backend's
 # python/C/C++ test runs in it.
 scripts/make-default-image.sh /var/cache/warren/default-rootfs
-cargo test --workspace --locked -- --test-threads=2
+cargo test --workspace --locked --no-fail-fast -- --test-threads=2
 # The Python SDK against the `warren` just built. PIP_BREAK_SYSTEM_PACKAGES:
 # Debian's own python3 refuses pip installs without it (PEP 668).
 python3 -m pip --version >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq python3-pip >/dev/null; }
