@@ -210,6 +210,51 @@ async fn running_exec_keeps_an_idle_sandbox_alive() {
     server.finish().await;
 }
 
+/// Sandboxes whose PID 1 stopped answering hold up no other sandbox: their
+/// probes wait out their pings in tasks of their own, beside the reaper's
+/// lifetime and idle checks. (Probed one after another, twelve silent
+/// sandboxes made every probe round wait 12 x the 2 s ping, and a sandbox
+/// whose lifetime ran out in that round ended up to 24 s late.)
+#[tokio::test]
+async fn silent_sandboxes_do_not_delay_another_sandboxs_end() {
+    use rustix::process::{kill_process, Pid, Signal};
+    const SILENT: usize = 12;
+    let server = TestServer::start().await;
+    let mut silent = Vec::new();
+    for _ in 0..SILENT {
+        let sb = server.create_small().await;
+        let pid1 = sandbox_pid1(&server.instance, &sb.id).expect("the sandbox has a PID 1");
+        silent.push((sb.id, Pid::from_raw(pid1).expect("a valid pid")));
+    }
+    for (_, pid) in &silent {
+        kill_process(*pid, Signal::STOP).expect("stop a sandbox's PID 1");
+    }
+    // Every silent sandbox has been probed at least once (one after another
+    // this takes 12 pings' timeouts); well within the 30 s grace.
+    let missed = |server: &TestServer| server.log_tail(400).matches("init did not answer a ping").count();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while missed(&server) < SILENT {
+        assert!(tokio::time::Instant::now() < deadline, "probes missed too few pings; log:\n{}", server.log_tail(40));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let sb = server.create(small(json!({"lifetime_secs": 2, "idle_timeout_secs": 600}))).await;
+    let ended = server.wait_ended(&sb.id, REAPER_WAIT).await;
+    for (_, pid) in &silent {
+        kill_process(*pid, Signal::CONT).expect("resume a sandbox's PID 1");
+    }
+    assert_eq!(ended.end_reason, Some(EndReason::Lifetime), "{ended:?}");
+    // The server's own clock, so the test's polling adds nothing. The reaper
+    // looks every 250 ms; one silent round would be 24 s.
+    let late_ms = ended.ended_at_ms.unwrap_or(u64::MAX).saturating_sub(ended.created_at_ms + 2_000);
+    assert!(late_ms < 6_000, "the lifetime end came {late_ms} ms late behind the silent sandboxes' probes");
+    for (id, _) in &silent {
+        let info = server.delete(id).await;
+        assert_eq!(info.end_reason, Some(EndReason::Deleted), "a silent sandbox was ended by the reaper: {info:?}");
+    }
+    server.finish().await;
+}
+
 /// A PID 1 that stops answering (stopped from the host here) is not taken
 /// for dead at its first missed ping - a TCG guest on a loaded host misses
 /// some and then answers - but one that stays silent is ended `init_died`,

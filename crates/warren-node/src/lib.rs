@@ -45,7 +45,7 @@ pub mod trajectory;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -86,6 +86,10 @@ const PROBE_EVERY_TICKS: u64 = 8;
 /// before it is ended as `init_died`. A ping alone is a poor judge: a TCG
 /// guest on a loaded host misses its 2 s for a while and then answers.
 const UNRESPONSIVE_GRACE: Duration = Duration::from_secs(30);
+/// Probes in flight at once, over all sandboxes. Each runs in its own task:
+/// a ping that waits out its timeout delays no other sandbox's probe, nor
+/// the reaper's idle and lifetime checks.
+const PROBES_AT_ONCE: usize = 16;
 /// Limit counters (OOM kills, refused forks, a full writable layer) are
 /// read every this many reaper ticks.
 const LIMITS_EVERY_TICKS: u64 = 4;
@@ -225,6 +229,8 @@ struct Live {
     limits: Mutex<limits::LimitWatch>,
     /// Since when every probe found PID 1 there but not answering.
     unanswered_since: Mutex<Option<std::time::Instant>>,
+    /// A probe of this sandbox is in flight; the reaper starts no second one.
+    probing: AtomicBool,
     /// Keeps the sandbox's layered-image layers mounted while it lives.
     _layers: Vec<LayerLease>,
 }
@@ -250,6 +256,7 @@ impl Live {
             phase_switch: tokio::sync::Mutex::new(()),
             limits: Mutex::new(limits::LimitWatch::default()),
             unanswered_since: Mutex::new(None),
+            probing: AtomicBool::new(false),
         })
     }
 
@@ -297,6 +304,8 @@ struct Inner {
     admission: admission::Admission,
     /// Serialises pausing and resuming (see `pause`).
     pause_gate: Mutex<()>,
+    /// Bounds the reaper's probes in flight ([`PROBES_AT_ONCE`]).
+    probe_slots: Arc<tokio::sync::Semaphore>,
     /// Reads Landlock's audit records; taken out (and stopped, restoring
     /// the host's audit settings) when the node stops.
     landlock_audit: Mutex<Option<landlock_audit::Listener>>,
@@ -354,6 +363,7 @@ impl Node {
                 creating: AtomicUsize::new(0),
                 admission,
                 pause_gate: Mutex::new(()),
+                probe_slots: Arc::new(tokio::sync::Semaphore::new(PROBES_AT_ONCE)),
                 landlock_audit: Mutex::new(None),
                 tamper,
                 pools,
@@ -1250,30 +1260,10 @@ impl Node {
                     && live.record().info.state != SandboxState::Paused
                 {
                     Some((EndReason::IdleTimeout, None))
-                } else if tick.is_multiple_of(PROBE_EVERY_TICKS) {
-                    match live.driver.probe(&live.handle).await {
-                        Liveness::Alive => {
-                            live.probe_answered(true);
-                            None
-                        }
-                        Liveness::Unresponsive => {
-                            let silent = live.probe_answered(false);
-                            if silent >= UNRESPONSIVE_GRACE {
-                                let msg = format!("init is there but answered no ping for {} s", silent.as_secs());
-                                Some((EndReason::InitDied, Some(msg)))
-                            } else {
-                                tracing::warn!(sandbox = %live.id, "init did not answer a ping (silent for {silent:?})");
-                                None
-                            }
-                        }
-                        Liveness::Dead { oom: true } => {
-                            Some((EndReason::Oom, Some("init was killed by the OOM killer".to_string())))
-                        }
-                        Liveness::Dead { oom: false } => {
-                            Some((EndReason::InitDied, Some("the sandbox's init exited".to_string())))
-                        }
-                    }
                 } else {
+                    if tick.is_multiple_of(PROBE_EVERY_TICKS) && !live.probing.swap(true, Ordering::SeqCst) {
+                        tokio::spawn(self.clone().probe_once(Arc::clone(&live)));
+                    }
                     None
                 };
                 if let Some((reason, msg)) = reason {
@@ -1284,6 +1274,27 @@ impl Node {
                         }
                     });
                 }
+            }
+        }
+    }
+
+    /// Probes one sandbox (in its own task, see [`PROBES_AT_ONCE`]) and ends
+    /// it if its init is gone, or has answered no ping for
+    /// [`UNRESPONSIVE_GRACE`].
+    async fn probe_once(self, live: Arc<Live>) {
+        let verdict = match Arc::clone(&self.inner.probe_slots).acquire_owned().await {
+            Ok(_slot) => probe_verdict(&live, live.driver.probe(&live.handle).await),
+            // Closed only with the node.
+            Err(_) => None,
+        };
+        live.probing.store(false, Ordering::SeqCst);
+        let Some((reason, msg)) = verdict else { return };
+        // Ended meanwhile (deleted, or by the reaper's clock): its probe
+        // saw the teardown, not a death.
+        let still_live = self.live_map().get(&live.id).is_some_and(|l| Arc::ptr_eq(l, &live));
+        if still_live {
+            if let Err(e) = self.end(&live.id, reason, msg).await {
+                tracing::warn!(sandbox = %live.id, "reaper could not end sandbox: {e}");
             }
         }
     }
@@ -1478,4 +1489,27 @@ struct ResolvedImage {
     leases: Vec<LayerLease>,
     /// A layered image's OCI config (empty for directory images).
     config: warren_image::layer::ImageConfig,
+}
+
+/// What a probe's answer means for a live sandbox: the reason to end it,
+/// if any.
+fn probe_verdict(live: &Live, liveness: Liveness) -> Option<(EndReason, Option<String>)> {
+    match liveness {
+        Liveness::Alive => {
+            live.probe_answered(true);
+            None
+        }
+        Liveness::Unresponsive => {
+            let silent = live.probe_answered(false);
+            if silent >= UNRESPONSIVE_GRACE {
+                let msg = format!("init is there but answered no ping for {} s", silent.as_secs());
+                Some((EndReason::InitDied, Some(msg)))
+            } else {
+                tracing::warn!(sandbox = %live.id, "init did not answer a ping (silent for {silent:?})");
+                None
+            }
+        }
+        Liveness::Dead { oom: true } => Some((EndReason::Oom, Some("init was killed by the OOM killer".to_string()))),
+        Liveness::Dead { oom: false } => Some((EndReason::InitDied, Some("the sandbox's init exited".to_string()))),
+    }
 }
