@@ -210,6 +210,47 @@ async fn running_exec_keeps_an_idle_sandbox_alive() {
     server.finish().await;
 }
 
+/// A data dir below a directory the sandboxes' unprivileged uids cannot
+/// search (what `mktemp -d` makes) would fail every create with an internal
+/// error; the server refuses it at start instead, naming the directory and
+/// the fix, and leaves nothing behind.
+#[test]
+fn serve_refuses_a_data_dir_the_sandboxes_cannot_reach() {
+    use std::os::unix::fs::PermissionsExt;
+    let closed = tempfile::Builder::new().prefix("warren-closed-").tempdir().expect("make a temp dir");
+    std::fs::set_permissions(closed.path(), std::fs::Permissions::from_mode(0o700)).expect("chmod 0700");
+    let data_dir = closed.path().join("data");
+    let instance = format!("closed-{}", std::process::id());
+    let log = closed.path().join("serve.log");
+    let mut child = std::process::Command::new(warren_binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--instance", &instance, "--destroy-on-exit", "--data-dir"])
+        .arg(&data_dir)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("create the log"))
+        .spawn()
+        .expect("run warren serve");
+    // A server that starts anyway would run until stopped: give it a while
+    // to refuse, then stop it and fail.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for warren serve") {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a valid pid");
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.is_some_and(|s| !s.success()), "warren serve started on an unreachable data dir; log:\n{stderr}");
+    let named = format!("{} has mode 700", closed.path().display());
+    assert!(stderr.contains(&named) && stderr.contains("chmod o+x"), "the refusal does not say why: {stderr}");
+    assert!(leaks::instance_cgroup_dirs(&instance).is_empty(), "the refused server made cgroups");
+}
+
 /// Sandboxes whose PID 1 stopped answering hold up no other sandbox: their
 /// probes wait out their pings in tasks of their own, beside the reaper's
 /// lifetime and idle checks. (Probed one after another, twelve silent

@@ -299,6 +299,31 @@ pub struct Running {
     pub task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
+/// Refuses a data dir below a directory that others may not search (such
+/// as a `mktemp -d` directory, mode 0700): a sandbox's init resolves its
+/// root filesystem there after it has become an unprivileged host uid, so
+/// every create would fail on it. Said once at start instead.
+fn check_sandboxes_reach(data_dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let full = std::fs::canonicalize(data_dir).with_context(|| format!("cannot resolve {}", data_dir.display()))?;
+    for dir in full.ancestors().skip(1) {
+        let mode =
+            std::fs::metadata(dir).with_context(|| format!("cannot stat {}", dir.display()))?.permissions().mode();
+        if mode & 0o001 == 0 {
+            anyhow::bail!(
+                "sandboxes cannot reach the data dir {}: {} has mode {:o}, and a sandbox's init (an unprivileged \
+                 host uid) needs search permission on every directory above the data dir; `chmod o+x {}` or use \
+                 another --data-dir",
+                full.display(),
+                dir.display(),
+                mode & 0o7777,
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 pub async fn start(args: &ServeArgs) -> Result<Running> {
     let cluster = match args.role {
         Role::Node => Some(NodeRole::from_args(args).await?),
@@ -307,6 +332,7 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
     };
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("cannot create data dir {}", args.data_dir.display()))?;
+    check_sandboxes_reach(&args.data_dir)?;
     // A sandbox's init resolves its root filesystem under the data dir after it
     // has become an unprivileged host uid: it needs search (not read) permission.
     std::fs::set_permissions(&args.data_dir, std::os::unix::fs::PermissionsExt::from_mode(0o711))
