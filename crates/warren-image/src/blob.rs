@@ -331,7 +331,18 @@ pub struct BlobStore {
     chunk_size: u64,
     piece_size: Option<u64>,
     counters: Arc<Counters>,
+    /// Layer manifests already read, by name, version and digest: a stored
+    /// layer is never rewritten (a new push is a new version), so a create
+    /// from a known image reads only the image's manifest (its tag can move).
+    known_layers: Arc<std::sync::Mutex<std::collections::HashMap<LayerKey, LayerManifest>>>,
 }
+
+/// A stored layer's name, version and digest.
+type LayerKey = (String, String, String);
+
+/// How many layer manifests [`BlobStore`] keeps (a 1 GB layer's is about
+/// 100 KB with 1 MiB chunks).
+const KNOWN_LAYERS: usize = 256;
 
 impl std::fmt::Debug for BlobStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -344,7 +355,13 @@ impl std::fmt::Debug for BlobStore {
 
 impl BlobStore {
     pub fn new(store: Arc<dyn ObjectStore>) -> Self {
-        Self { store, chunk_size: DEFAULT_CHUNK_SIZE, piece_size: Some(DEFAULT_PIECE_SIZE), counters: Arc::default() }
+        Self {
+            store,
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            piece_size: Some(DEFAULT_PIECE_SIZE),
+            counters: Arc::default(),
+            known_layers: Arc::default(),
+        }
     }
 
     /// A store under the local directory `root` (created if missing).
@@ -702,12 +719,26 @@ impl BlobStore {
     }
 
     /// The layer manifests of `image`, bottom first, each checked to carry
-    /// the digest the image names.
+    /// the digest the image names. Read from the store once per layer
+    /// version; later calls find them in memory.
     pub async fn image_layers(&self, image: &ImageManifest) -> Result<Vec<LayerManifest>, BlobError> {
         let mut layers = Vec::with_capacity(image.layers.len());
         for (index, r) in image.layers.iter().enumerate() {
-            let layer = self.get_layer_manifest(&r.name, &r.version).await?;
-            image.check_layer(index, &layer)?;
+            let key = (r.name.clone(), r.version.clone(), r.digest.clone());
+            let known = self.known_layers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).cloned();
+            let layer = match known {
+                Some(layer) => layer,
+                None => {
+                    let layer = self.get_layer_manifest(&r.name, &r.version).await?;
+                    image.check_layer(index, &layer)?;
+                    let mut known = self.known_layers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if known.len() >= KNOWN_LAYERS {
+                        known.clear();
+                    }
+                    known.insert(key, layer.clone());
+                    layer
+                }
+            };
             layers.push(layer);
         }
         Ok(layers)

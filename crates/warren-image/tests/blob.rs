@@ -203,6 +203,15 @@ async fn exercise_store(store: BlobStore, objects: &Path, work: &Path) {
     assert_eq!(v1.layers[0], v2.layers[0]);
     assert_eq!(store.get_image_manifest("py", "v2").await.unwrap(), v2);
     assert_eq!(store.image_layers(&v2).await.unwrap(), vec![manifest.clone(), tk2.clone()]);
+    // A layer version is never rewritten, so its manifest is read once: a
+    // second read of v2's layers comes from memory, even with the stored
+    // manifest moved away (a create from a known image reads only the
+    // image's manifest).
+    let stored = objects.join("layers/toolkit/2.json");
+    let aside = work.join("toolkit-2.json");
+    fs::rename(&stored, &aside).unwrap();
+    assert_eq!(store.image_layers(&v2).await.unwrap(), vec![manifest.clone(), tk2.clone()]);
+    fs::rename(&aside, &stored).unwrap();
     let missing = store.compose_image("py", "v3", &[("base", "1"), ("toolkit", "9")]).await.unwrap_err();
     assert!(matches!(missing, BlobError::NotFound(_)), "{missing}");
 

@@ -443,11 +443,6 @@ impl LayeredImages {
         }
     }
 
-    /// Whether an image of that name exists in the blob store.
-    pub async fn has(&self, name: &str) -> bool {
-        self.blobs.get_image_manifest(name, TAG).await.is_ok()
-    }
-
     /// Unmounts every layer and ends the cache's fill holder; refused (and
     /// everything left failing closed) while a layer is still leased.
     pub async fn shutdown(self) -> Result<()> {

@@ -1141,13 +1141,16 @@ impl Node {
             Err(warren_image::ImageError::NotFound(_)) | Err(warren_image::ImageError::InvalidName(_)) => {}
             Err(e) => return Err(e.into()),
         }
+        // No separate existence check: `acquire` answers `ImageNotFound`
+        // itself, and each check was one more read of the image's manifest
+        // from the blob store on every create.
         match self.layered() {
-            Some(layered) if layered.has(name).await => {
+            Some(layered) => {
                 let (leases, config) = layered.acquire(name).await?;
                 let paths = leases.iter().map(|l| l.mount_path().to_path_buf()).collect();
                 Ok(ResolvedImage { paths, leases, config })
             }
-            _ => Err(NodeError::ImageNotFound(name.to_string())),
+            None => Err(NodeError::ImageNotFound(name.to_string())),
         }
     }
 
