@@ -460,6 +460,21 @@ fn pool_sandboxes(server: &TestServer) -> Vec<std::ffi::OsString> {
     names
 }
 
+/// [`pool_sandboxes`] once two looks 500 ms apart agree (within 30 s).
+async fn settled_pool_sandboxes(server: &TestServer) -> Vec<std::ffi::OsString> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut last = pool_sandboxes(server);
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = pool_sandboxes(server);
+        if now == last {
+            return now;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the pool's sandboxes never settled: {now:?}");
+        last = now;
+    }
+}
+
 #[tokio::test]
 async fn a_steady_caller_keeps_its_fork_server_and_the_pool_makes_and_drops_none() {
     // One call at a time: one zygote serves them all, and the zygote that
@@ -472,7 +487,10 @@ async fn a_steady_caller_keeps_its_fork_server_and_the_pool_makes_and_drops_none
         p.busy == 0 && p.idle == 1 && p.idle_fork_servers == 1
     })
     .await;
-    let before = pool_sandboxes(&server);
+    // The pool settles by dropping the plain worker it started with; its
+    // teardown (and cgroups) may outlast the pool's counts. Wait until the
+    // sandboxes stay put, so that the loop below sees only what calls do.
+    let before = settled_pool_sandboxes(&server).await;
     for i in 0..8 {
         let r = py(&server, "print('again')", json!({})).await;
         assert!(r.forked && r.warm_worker, "{r:?}");
