@@ -102,6 +102,14 @@ class Link:
         run("ip", "-n", self.ns, "addr", "add", f"{NS_IP}/30", "dev", self.ns_if)
         run("ip", "-n", self.ns, "link", "set", self.ns_if, "up")
         run("ip", "-n", self.ns, "link", "set", "lo", "up")
+        # No delayed ACKs across the link (route metric `quickack`): s3s-fs
+        # does not set TCP_NODELAY, so it writes a response's body only once
+        # its headers are acknowledged, and a client's delayed ACK held the
+        # body 40 ms (seen in a capture on 2026-12-04, on about half of the
+        # GETs). A production S3 server sets TCP_NODELAY; this test server's
+        # stall is not what a node would see.
+        run("ip", "route", "add", f"{NS_IP}/32", "dev", self.host_if, "quickack", "1")
+        run("ip", "-n", self.ns, "route", "add", f"{HOST_IP}/32", "dev", self.ns_if, "quickack", "1")
         # netem's own queue would drop at this rate; give it room for a window.
         netem = ["root", "netem", "delay", delay, "rate", rate, "limit", "100000"]
         if subprocess.run(["tc", "qdisc", "add", "dev", self.host_if, *netem], capture_output=True).returncode == 0:
