@@ -198,6 +198,19 @@ fn host_pids() -> Vec<i32> {
         .collect()
 }
 
+/// The node's init zygote: a root child of the server that runs
+/// `warren-init --zygote` (`warren_init::proto::zygote::ARG`). It forks
+/// each sandbox's first init and lives outside every sandbox by design.
+fn is_init_zygote(pid: i32, server: i32, uid: Option<u64>) -> bool {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let args: Vec<&[u8]> = raw.split(|b| *b == 0).filter(|a| !a.is_empty()).collect();
+    uid == Some(0)
+        && parent(pid) == Some(server)
+        && args.len() == 2
+        && args[0].ends_with(b"warren-init")
+        && args[1] == b"--zygote"
+}
+
 /// Processes that left their sandbox: any live process with a sandbox uid
 /// that sits in no sandbox cgroup (`/<instance>/<id>`), and any descendant
 /// of our server outside our instance's cgroups.
@@ -218,7 +231,7 @@ pub fn escaped_processes(server_pid: Option<u32>, instance: &str) -> Vec<String>
             continue;
         }
         let Some(server) = server_pid.map(|p| p as i32) else { continue };
-        if pid == server || in_ours {
+        if pid == server || in_ours || is_init_zygote(pid, server, uid) {
             continue;
         }
         let mut ancestor = parent(pid);

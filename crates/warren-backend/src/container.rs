@@ -78,6 +78,8 @@ pub struct ContainerDriver {
     slots: SlotBook,
     /// Each sandbox's connection to init between two execs.
     idle: Arc<channel::IdleConnections>,
+    /// Forks each sandbox's first init.
+    zygote: spawn::InitZygote,
 }
 
 impl ContainerDriver {
@@ -99,7 +101,8 @@ impl ContainerDriver {
         become_subreaper()?;
         let slots = SlotBook::new(config.run_dir.clone(), config.uid_base_start);
         let run_dir = Arc::new(RunDir::new(config.run_dir.clone())?);
-        Ok(ContainerDriver { config, run_dir, slots, idle: Arc::default() })
+        let zygote = spawn::InitZygote::new(config.init_binary.clone());
+        Ok(ContainerDriver { config, run_dir, slots, idle: Arc::default(), zygote })
     }
 
     fn layout(&self, id: &str) -> Layout {
@@ -169,7 +172,7 @@ impl ContainerDriver {
     fn start_init(&self, undo: &mut Undo, open_files: u32) -> Result<(i32, SetupChannel)> {
         let target = undo.remains.cgroup.spawn_target().map_err(cgroup_err)?;
         let listener = spawn::bind_control(&undo.remains.layout)?;
-        let (first_init, setup) = spawn::spawn_init(&self.config.init_binary, listener, &target, open_files)?;
+        let (first_init, setup) = self.zygote.spawn_init(listener, &target, open_files)?;
         let pid = first_init.pid();
         undo.first_init = Some(first_init);
         Ok((pid, setup))

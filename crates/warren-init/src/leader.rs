@@ -49,7 +49,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
-use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -57,9 +57,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
-};
+use rustix::net::{RecvAncillaryBuffer, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use serde::{Deserialize, Serialize};
 use warren_guard::landlock::{self as ruleset, Level, Plan};
 use warren_init::proto::{PathAccess, PhaseRules};
@@ -373,19 +371,8 @@ fn read_message_with_fds<T: for<'de> Deserialize<'de>>(
     let mut len = [0u8; 4];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
-    let got = loop {
-        match rustix::net::recvmsg(&*channel, &mut [IoSliceMut::new(&mut len)], &mut control, RecvFlags::CMSG_CLOEXEC) {
-            Ok(msg) => break msg.bytes,
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    };
-    let mut fds = Vec::new();
-    for message in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(received) = message {
-            fds.extend(received);
-        }
-    }
+    let (got, fds) = crate::sys::recv_with_fds(channel.as_fd(), &mut len, &mut control)?;
+    let got = got.bytes;
     if got == 0 {
         return Ok(None);
     }

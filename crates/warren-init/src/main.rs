@@ -1,6 +1,7 @@
 //! `warren-init`: PID 1 of a container sandbox (see the library's doc for
 //! what it owns). Started by the host with the setup socket at fd 3 and the
-//! control listener at fd 4; or by a microVM's kernel as its PID 1 (see
+//! control listener at fd 4 (forked so by the node's init zygote, see
+//! `zygote`, or exec'd); or by a microVM's kernel as its PID 1 (see
 //! `vm`); or by a full VM's systemd as its agent service (see
 //! `vm::systemd`); or, inside a sandbox, by PID 1 as a phase
 //! leader (see `leader`), or by a session shell in report-state mode (see
@@ -24,6 +25,7 @@ mod setup;
 mod sys;
 mod tree;
 mod vm;
+mod zygote;
 
 fn main() {
     // Only a microVM's kernel starts this binary as PID 1 of its pid
@@ -38,6 +40,11 @@ fn main() {
         }
         if mode == vm::SERVICE_ARG {
             vm::service_main()
+        }
+        if mode == warren_init::proto::zygote::ARG {
+            // Before the first fork: every first init inherits the setting.
+            one_malloc_arena();
+            zygote::main()
         }
     }
     one_malloc_arena();

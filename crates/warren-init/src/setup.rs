@@ -1,12 +1,14 @@
 //! Steps 1 to 3 of the setup sequence (see `proto::setup`), run by the
-//! process the host exec'd: become non-dumpable, enter a fresh user
-//! namespace, let the host map it, become root in it, unshare the remaining
-//! namespaces and fork the sandbox's PID 1.
+//! first init (forked by the node's init zygote, or exec'd): become
+//! non-dumpable, enter a fresh user namespace, let the host map it, become
+//! root in it, unshare the remaining namespaces and fork the sandbox's
+//! PID 1.
 //!
-//! The host exec'd this binary from its own filesystem as host root, so this
-//! process's memory belongs to the initial user namespace: made non-dumpable
-//! before anything else, neither it nor the PID 1 forked from it can be
-//! ptraced or have its descriptors opened by root inside the sandbox.
+//! The host exec'd this binary (or the zygote it was forked from) from its
+//! own filesystem as host root, so this process's memory belongs to the
+//! initial user namespace: made non-dumpable before anything else, neither
+//! it nor the PID 1 forked from it can be ptraced or have its descriptors
+//! opened by root inside the sandbox.
 
 use std::fs::File;
 use std::io::{Read, Write};
