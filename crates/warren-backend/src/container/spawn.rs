@@ -482,6 +482,13 @@ mod tests {
             rustix::process::Signal::KILL,
         )
         .unwrap();
+        // Dead means a zombie: until then it may still take the request.
+        let stat = format!("/proc/{dead}/stat");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !fs::read_to_string(&stat).unwrap().rsplit(')').next().unwrap().trim_start().starts_with('Z') {
+            assert!(std::time::Instant::now() < deadline, "the killed zygote never died");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         let again = Layout::new(dir.path(), "again");
         fs::create_dir(again.dir()).unwrap();
         let (mut second, mut setup) = zygote.spawn_init(bind_control(&again).unwrap(), &target, 0).unwrap();
