@@ -175,39 +175,65 @@ impl InitZygote {
         cgroups: &SpawnTarget,
         open_files: u32,
     ) -> Result<(FirstInit, SetupChannel)> {
-        let (host_end, init_end) = StdUnixStream::pair().map_err(|e| BackendError::io("socketpair", e))?;
         let request = zygote::Request {
             v1_tasks: cgroups.v1_tasks.len() as u32,
             open_files: open_files_limit(open_files)?.map(|l| (l.rlim_cur, l.rlim_max)),
         };
-        let mut fds = vec![init_end.as_fd(), listener.as_fd(), cgroups.unified_dir.as_fd()];
-        fds.extend(cgroups.v1_tasks.iter().map(AsFd::as_fd));
-        let first = {
-            let mut running = self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut running = self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut retried = false;
+        loop {
+            let (host_end, init_end) = StdUnixStream::pair().map_err(|e| BackendError::io("socketpair", e))?;
+            let mut fds = vec![init_end.as_fd(), listener.as_fd(), cgroups.unified_dir.as_fd()];
+            fds.extend(cgroups.v1_tasks.iter().map(AsFd::as_fd));
             let mut zygote = match running.take().filter(Zygote::serves) {
                 Some(zygote) => zygote,
                 None => Zygote::start(&self.init_binary)?,
             };
             let spawned = zygote.spawn(&request, &fds);
-            // A zygote that failed to answer is not trusted with another
-            // request (dropping it ends it); one that refused a request is.
-            match &spawned {
-                Err(ZygoteError::Lost(_)) => {}
-                _ if zygote.spawns >= SPAWNS_PER_ZYGOTE => {}
-                _ => *running = Some(zygote),
-            }
-            spawned.map_err(|e| match e {
-                ZygoteError::Lost(e) | ZygoteError::Refused(e) => {
-                    BackendError::io("fork a first init in the zygote", e)
+            drop(fds);
+            let lost = match spawned {
+                Ok(first) => {
+                    if zygote.spawns < SPAWNS_PER_ZYGOTE {
+                        *running = Some(zygote);
+                    }
+                    // The child has its copies; ours must close so EOF
+                    // means init is gone.
+                    drop((init_end, listener));
+                    host_end.set_nonblocking(true).map_err(|e| BackendError::io("setup socket", e))?;
+                    let stream = UnixStream::from_std(host_end).map_err(|e| BackendError::io("setup socket", e))?;
+                    return Ok((first, SetupChannel::new(stream)));
                 }
-            })?
-        };
-        // The child has its copies; ours must close so EOF means init is gone.
-        drop((init_end, listener));
-        host_end.set_nonblocking(true).map_err(|e| BackendError::io("setup socket", e))?;
-        let stream = UnixStream::from_std(host_end).map_err(|e| BackendError::io("setup socket", e))?;
-        Ok((first, SetupChannel::new(stream)))
+                Err(ZygoteError::Refused(e)) => {
+                    if zygote.spawns < SPAWNS_PER_ZYGOTE {
+                        *running = Some(zygote);
+                    }
+                    return Err(BackendError::io("fork a first init in the zygote", e));
+                }
+                Err(ZygoteError::Lost(e)) => e,
+            };
+            // A zygote that did not answer is ended (dropping it kills and
+            // reaps it). Whether it forked before it died decides whether
+            // the request may be sent again: a child would hold the setup
+            // socket's other end, and so would a request it never read,
+            // until its socket went with it.
+            drop(zygote);
+            drop(init_end);
+            if retried || !peer_closed(&host_end) {
+                return Err(BackendError::io("fork a first init in the zygote", lost));
+            }
+            tracing::warn!("the init zygote died before it took a request ({lost}); starting another");
+            retried = true;
+        }
     }
+}
+
+/// True when every copy of `socket`'s other end is closed: nobody, no
+/// child and no unread message, holds it.
+fn peer_closed(socket: &StdUnixStream) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut fds = [PollFd::new(socket, PollFlags::IN)];
+    let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
+    matches!(poll(&mut fds, Some(&zero)), Ok(1) if fds[0].revents().contains(PollFlags::HUP))
 }
 
 /// A running zygote, ended (killed and reaped) when dropped.
@@ -424,6 +450,10 @@ mod tests {
         init
     }
 
+    fn signal(pid: u32, signal: rustix::process::Signal) {
+        rustix::process::kill_process(rustix::process::Pid::from_raw(pid as i32).unwrap(), signal).unwrap();
+    }
+
     struct Cleanup(SandboxCgroup, String);
     impl Drop for Cleanup {
         fn drop(&mut self) {
@@ -475,13 +505,34 @@ mod tests {
         first.kill();
         first.wait().await.unwrap();
         assert!(cgroup.pids("memory").unwrap().is_empty());
+        drop(zygote);
+        // A binary that cannot be started is reported when the zygote starts.
+        let other = Layout::new(dir.path(), "other");
+        fs::create_dir(other.dir()).unwrap();
+        let listener = bind_control(&other).unwrap();
+        let missing = InitZygote::new("/nonexistent/warren-init".into());
+        let error = missing.spawn_init(listener, &target, 0).err().unwrap();
+        assert!(error.to_string().contains("start the init zygote /nonexistent/warren-init"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_dead_zygote_is_replaced_and_a_request_it_never_read_is_sent_again() {
+        let instance = format!("wt-zygote-{}", std::process::id());
+        let cgroup = SandboxCgroup::new(&instance, "sb").unwrap();
+        let _cleanup = Cleanup(cgroup.clone(), instance.clone());
+        cgroup.create(&Limits { memory_bytes: 64 << 20, cpus: 1.0, pids: 16 }).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let target = cgroup.spawn_target().unwrap();
+        let zygote = InitZygote::new(init_binary());
+        let first = Layout::new(dir.path(), "first");
+        fs::create_dir(first.dir()).unwrap();
+        let (mut first, mut setup) = zygote.spawn_init(bind_control(&first).unwrap(), &target, 0).unwrap();
+        assert!(matches!(setup.next().await.unwrap(), InitSays::UsernsReady));
+        first.kill();
+        first.wait().await.unwrap();
         // A zygote that died between two spawns is replaced.
         let dead = zygote.pid().unwrap();
-        rustix::process::kill_process(
-            rustix::process::Pid::from_raw(dead as i32).unwrap(),
-            rustix::process::Signal::KILL,
-        )
-        .unwrap();
+        signal(dead, rustix::process::Signal::KILL);
         // Dead means a zombie: until then it may still take the request.
         let stat = format!("/proc/{dead}/stat");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -496,13 +547,24 @@ mod tests {
         assert_ne!(zygote.pid(), Some(dead));
         second.kill();
         second.wait().await.unwrap();
-        drop(zygote);
-        // A binary that cannot be started is reported when the zygote starts.
-        let other = Layout::new(dir.path(), "other");
-        fs::create_dir(other.dir()).unwrap();
-        let listener = bind_control(&other).unwrap();
-        let missing = InitZygote::new("/nonexistent/warren-init".into());
-        let error = missing.spawn_init(listener, &target, 0).err().unwrap();
-        assert!(error.to_string().contains("start the init zygote /nonexistent/warren-init"), "{error}");
+        // One that dies with a request unread (stopped, then killed while
+        // the node waits for its answer) is replaced and the request sent
+        // again: nothing had been forked for it. Whether the kill lands
+        // before or after the send, the spawn must succeed.
+        let stopped = zygote.pid().unwrap();
+        signal(stopped, rustix::process::Signal::STOP);
+        let killer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            signal(stopped, rustix::process::Signal::KILL);
+        });
+        let unread = Layout::new(dir.path(), "unread");
+        fs::create_dir(unread.dir()).unwrap();
+        let (mut third, mut setup) = zygote.spawn_init(bind_control(&unread).unwrap(), &target, 0).unwrap();
+        killer.join().unwrap();
+        assert!(matches!(setup.next().await.unwrap(), InitSays::UsernsReady));
+        assert_ne!(zygote.pid(), Some(stopped));
+        third.kill();
+        third.wait().await.unwrap();
+        assert!(cgroup.pids("memory").unwrap().is_empty());
     }
 }
