@@ -454,6 +454,16 @@ mod tests {
         rustix::process::kill_process(rustix::process::Pid::from_raw(pid as i32).unwrap(), signal).unwrap();
     }
 
+    /// A sandbox cgroup `sb` in a fresh instance, removed (with whatever
+    /// still runs in it) when the guard goes.
+    fn test_cgroup(instance: &str) -> (SandboxCgroup, Cleanup) {
+        let instance = format!("{instance}-{}", std::process::id());
+        let cgroup = SandboxCgroup::new(&instance, "sb").unwrap();
+        let cleanup = Cleanup(cgroup.clone(), instance);
+        cgroup.create(&Limits { memory_bytes: 64 << 20, cpus: 1.0, pids: 16 }).unwrap();
+        (cgroup, cleanup)
+    }
+
     struct Cleanup(SandboxCgroup, String);
     impl Drop for Cleanup {
         fn drop(&mut self) {
@@ -465,10 +475,7 @@ mod tests {
 
     #[tokio::test]
     async fn init_is_born_inside_every_cgroup_hierarchy_with_only_its_descriptors_and_a_kill_ends_it() {
-        let instance = format!("wt-spawn-{}", std::process::id());
-        let cgroup = SandboxCgroup::new(&instance, "sb").unwrap();
-        let _cleanup = Cleanup(cgroup.clone(), instance.clone());
-        cgroup.create(&Limits { memory_bytes: 64 << 20, cpus: 1.0, pids: 16 }).unwrap();
+        let (cgroup, _cleanup) = test_cgroup("wt-spawn");
         let dir = tempfile::tempdir().unwrap();
         let layout = Layout::new(dir.path(), "sb");
         fs::create_dir(layout.dir()).unwrap();
@@ -517,10 +524,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_dead_zygote_is_replaced_and_a_request_it_never_read_is_sent_again() {
-        let instance = format!("wt-zygote-{}", std::process::id());
-        let cgroup = SandboxCgroup::new(&instance, "sb").unwrap();
-        let _cleanup = Cleanup(cgroup.clone(), instance.clone());
-        cgroup.create(&Limits { memory_bytes: 64 << 20, cpus: 1.0, pids: 16 }).unwrap();
+        let (cgroup, _cleanup) = test_cgroup("wt-zygote");
         let dir = tempfile::tempdir().unwrap();
         let target = cgroup.spawn_target().unwrap();
         let zygote = InitZygote::new(init_binary());
