@@ -268,7 +268,15 @@ impl Zygote {
         .map_err(|e| BackendError::io("SO_RCVTIMEO on the zygote socket", e.into()))?;
         let theirs_raw = theirs.as_raw_fd();
         let mut command = Command::new(init_binary);
-        command.arg(zygote::ARG).env_clear().current_dir("/").stdin(Stdio::null()).stdout(Stdio::null());
+        // argv[0] without the host path: every sandbox's PID 1 is a copy of
+        // this process, and its command line is readable inside.
+        command
+            .arg0("warren-init")
+            .arg(zygote::ARG)
+            .env_clear()
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
         // SAFETY: the closure runs in the child between fork and exec and
         // only makes async-signal-safe calls (dup2, fcntl) on a descriptor
         // the parent keeps open until `spawn` returns.
@@ -504,6 +512,8 @@ mod tests {
                 _ => assert_eq!(target, init_binary(), "fd {fd}"),
             }
         }
+        let cmdline = fs::read(format!("/proc/{}/cmdline", first.pid())).unwrap();
+        assert_eq!(cmdline, b"warren-init\0--zygote\0", "no host path in what the sandbox can read");
         let status = fs::read_to_string(format!("/proc/{}/status", first.pid())).unwrap();
         let ignored = status.lines().find(|l| l.starts_with("SigIgn:")).unwrap();
         let sigchld_bit = 1u64 << (libc::SIGCHLD - 1);
