@@ -5,7 +5,8 @@
 //!
 //! The host side (this module) owns everything made in the host's
 //! namespaces: the uid range, the run directory, the control socket, the
-//! cgroups and the mounts. init builds the inside (see `warren-init`).
+//! cgroups, the mounts, and the init zygote that forks each sandbox's first
+//! init (see `spawn`). init builds the inside (see `warren-init`).
 //!
 //! Invariants: a sandbox's processes only ever run with ids of its own
 //! 65536-id range; nothing is killed without checking the pid's start time;
