@@ -371,7 +371,7 @@ fn read_message_with_fds<T: for<'de> Deserialize<'de>>(
     let mut len = [0u8; 4];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
-    let (got, fds) = crate::sys::recv_with_fds(channel.as_fd(), &mut len, &mut control)?;
+    let (got, fds) = warren_init::proto::recv_with_fds(channel.as_fd(), &mut len, &mut control)?;
     let got = got.bytes;
     if got == 0 {
         return Ok(None);

@@ -298,6 +298,32 @@ pub struct SessionState {
     pub env: BTreeMap<String, String>,
 }
 
+/// One `recvmsg` into `buf` (retried on `EINTR`), with the descriptors
+/// that came with it (close-on-exec) taken out of `control`: how both
+/// sides receive the messages that pass descriptors (the phase leader's
+/// orders, the zygote's requests and replies).
+pub fn recv_with_fds(
+    socket: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+    control: &mut rustix::net::RecvAncillaryBuffer<'_>,
+) -> io::Result<(rustix::net::RecvMsg, Vec<std::os::fd::OwnedFd>)> {
+    use rustix::net::{RecvAncillaryMessage, RecvFlags};
+    let got = loop {
+        match rustix::net::recvmsg(socket, &mut [io::IoSliceMut::new(buf)], control, RecvFlags::CMSG_CLOEXEC) {
+            Ok(got) => break got,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let mut fds = Vec::new();
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = message {
+            fds.extend(received);
+        }
+    }
+    Ok((got, fds))
+}
+
 pub fn write_frame(w: &mut impl Write, kind: FrameKind, payload: &[u8]) -> io::Result<()> {
     let len = u32::try_from(payload.len()).map_err(|_| io::Error::other("frame too large"))?;
     let mut header = [0u8; 5];

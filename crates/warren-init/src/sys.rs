@@ -175,30 +175,6 @@ pub fn peer_pid(socket: BorrowedFd<'_>) -> io::Result<i32> {
     Ok(cred.pid)
 }
 
-/// One `recvmsg` into `buf` (retried on `EINTR`), with the descriptors
-/// that came with it (close-on-exec) taken out of `control`.
-pub fn recv_with_fds(
-    socket: BorrowedFd<'_>,
-    buf: &mut [u8],
-    control: &mut rustix::net::RecvAncillaryBuffer<'_>,
-) -> io::Result<(rustix::net::RecvMsg, Vec<OwnedFd>)> {
-    use rustix::net::{RecvAncillaryMessage, RecvFlags};
-    let got = loop {
-        match rustix::net::recvmsg(socket, &mut [io::IoSliceMut::new(buf)], control, RecvFlags::CMSG_CLOEXEC) {
-            Ok(got) => break got,
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    };
-    let mut fds = Vec::new();
-    for message in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(received) = message {
-            fds.extend(received);
-        }
-    }
-    Ok((got, fds))
-}
-
 /// Closes every descriptor numbered `first` or above.
 pub fn close_from(first: RawFd) -> io::Result<()> {
     // SAFETY: close_range only closes descriptors; the caller owns all of

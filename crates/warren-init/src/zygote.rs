@@ -90,7 +90,7 @@ fn receive(socket: &OwnedFd) -> io::Result<Option<(io::Result<Request>, Vec<Owne
     let mut bytes = [0u8; REQUEST_BYTES + 1];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_REQUEST_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
-    let (got, fds) = sys::recv_with_fds(socket.as_fd(), &mut bytes, &mut control)?;
+    let (got, fds) = warren_init::proto::recv_with_fds(socket.as_fd(), &mut bytes, &mut control)?;
     if got.bytes == 0 && fds.is_empty() {
         return Ok(None);
     }

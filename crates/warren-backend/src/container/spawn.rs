@@ -3,7 +3,7 @@
 //! [`warren_init::proto::setup`].
 
 use std::fs;
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
@@ -192,10 +192,15 @@ impl InitZygote {
             let spawned = zygote.spawn(&request, &fds);
             drop(fds);
             let lost = match spawned {
-                Ok(first) => {
+                Err(ZygoteError::Lost(lost)) => lost,
+                answered => {
+                    // One that answered, a refusal included, is trusted
+                    // with the next request, up to its spawns.
                     if zygote.spawns < SPAWNS_PER_ZYGOTE {
                         *running = Some(zygote);
                     }
+                    let first =
+                        answered.map_err(|e| BackendError::io("fork a first init in the zygote", e.into_io()))?;
                     // The child has its copies; ours must close so EOF
                     // means init is gone.
                     drop((init_end, listener));
@@ -203,13 +208,6 @@ impl InitZygote {
                     let stream = UnixStream::from_std(host_end).map_err(|e| BackendError::io("setup socket", e))?;
                     return Ok((first, SetupChannel::new(stream)));
                 }
-                Err(ZygoteError::Refused(e)) => {
-                    if zygote.spawns < SPAWNS_PER_ZYGOTE {
-                        *running = Some(zygote);
-                    }
-                    return Err(BackendError::io("fork a first init in the zygote", e));
-                }
-                Err(ZygoteError::Lost(e)) => e,
             };
             // A zygote that did not answer is ended (dropping it kills and
             // reaps it). Whether it forked before it died decides whether
@@ -249,6 +247,14 @@ enum ZygoteError {
     Lost(io::Error),
     /// It answered that it could not fork (e.g. `EAGAIN`).
     Refused(io::Error),
+}
+
+impl ZygoteError {
+    fn into_io(self) -> io::Error {
+        match self {
+            ZygoteError::Lost(e) | ZygoteError::Refused(e) => e,
+        }
+    }
 }
 
 impl Zygote {
@@ -313,10 +319,7 @@ impl Zygote {
         request: &zygote::Request,
         fds: &[BorrowedFd<'_>],
     ) -> std::result::Result<FirstInit, ZygoteError> {
-        use rustix::net::{
-            recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
-            SendAncillaryMessage, SendFlags,
-        };
+        use rustix::net::{sendmsg, RecvAncillaryBuffer, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
         self.spawns += 1;
         let bytes = request.encode();
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(zygote::MAX_REQUEST_FDS))];
@@ -332,16 +335,8 @@ impl Zygote {
         let mut answer = [0u8; zygote::REPLY_BYTES + 1];
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
-        let got = retry_interrupted(|| {
-            recvmsg(&self.socket, &mut [IoSliceMut::new(&mut answer)], &mut control, RecvFlags::CMSG_CLOEXEC)
-        })
-        .map_err(ZygoteError::Lost)?;
-        let mut pidfds: Vec<OwnedFd> = Vec::new();
-        for message in control.drain() {
-            if let RecvAncillaryMessage::ScmRights(received) = message {
-                pidfds.extend(received);
-            }
-        }
+        let (got, mut pidfds) = warren_init::proto::recv_with_fds(self.socket.as_fd(), &mut answer, &mut control)
+            .map_err(ZygoteError::Lost)?;
         match (zygote::Reply::decode(&answer[..got.bytes]), pidfds.pop()) {
             (Some(zygote::Reply::Spawned { pid }), Some(pidfd)) if pidfds.is_empty() => {
                 Ok(FirstInit { pid, pidfd: Some(pidfd) })
