@@ -296,6 +296,9 @@ def main() -> int:
                     help="piece size of the imported layers (server default 16 KiB; 0 = whole chunks only)")
     ap.add_argument("--readahead-kb", type=int,
                     help="readahead of the nodes' layer mounts (server default 16; 0 = the kernel's 128)")
+    ap.add_argument("--warm-readahead-kb", type=int,
+                    help="readahead a layer mount gets once a sandbox that read from it ended on the node "
+                         "(server default 128; 0 = keep the first window)")
     ap.add_argument("--fetched-only", action="store_true",
                     help="only the cold runs and their fetched bytes (no warm/hot/plain/eager timings)")
     ap.add_argument("--no-plain", action="store_true",
@@ -323,6 +326,8 @@ def main() -> int:
         if args.piece_size_bytes is not None:
             chunk_args += ("--piece-size-bytes", str(args.piece_size_bytes))
         node_args = ("--layer-readahead-kb", str(args.readahead_kb)) if args.readahead_kb is not None else ()
+        if args.warm_readahead_kb is not None:
+            node_args += ("--layer-warm-readahead-kb", str(args.warm_readahead_kb))
         notes["load_start"] = os.getloadavg()
         importer = Node(work, "import", s3, chunk_args)
         cleanup.insert(0, importer.close)
@@ -463,6 +468,7 @@ def render(args, rows, notes) -> str:
         + (f" --chunk-size-bytes {args.chunk_size_bytes}" if args.chunk_size_bytes else "")
         + (f" --piece-size-bytes {args.piece_size_bytes}" if args.piece_size_bytes is not None else "")
         + (f" --readahead-kb {args.readahead_kb}" if args.readahead_kb is not None else "")
+        + (f" --warm-readahead-kb {args.warm_readahead_kb}" if args.warm_readahead_kb is not None else "")
         + (" --fetched-only" if args.fetched_only else "")
         + (" --no-plain" if args.no_plain else "")
         + (" --no-trace" if args.no_trace else "")
@@ -470,7 +476,9 @@ def render(args, rows, notes) -> str:
         f"- chunk size: {args.chunk_size_bytes or 1 << 20} bytes; piece size: "
         + ("none (whole chunks)" if args.piece_size_bytes == 0 else f"{args.piece_size_bytes or 16 << 10} bytes")
         + "; layer mount readahead: "
-        + ("kernel default (128 KiB)" if args.readahead_kb == 0 else f"{16 if args.readahead_kb is None else args.readahead_kb} KiB"),
+        + ("kernel default (128 KiB)" if args.readahead_kb == 0 else f"{16 if args.readahead_kb is None else args.readahead_kb} KiB")
+        + ", once a sandbox that read from the layer ended on the node: "
+        + ("unchanged" if args.warm_readahead_kb == 0 else f"{128 if args.warm_readahead_kb is None else args.warm_readahead_kb} KiB"),
         f"- load average (1, 5, 15 min) at start {fmt_load(notes['load_start'])}, at end {fmt_load(notes['load_end'])}",
         f"- layer manifests (each node reads them once; not in the fetched column): {notes['manifest_bytes'] / 1e6:.2f} MB",
         f"- image: {image_bytes / 1e9:.2f} GB in EROFS layers: "

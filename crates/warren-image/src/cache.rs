@@ -6,7 +6,11 @@
 //! at page granularity, or for a manifest from before metadata blobs every
 //! chunk that holds metadata. It is marked for fanotify
 //! pre-content events, then mounted, with a small readahead window
-//! ([`DEFAULT_READAHEAD_KB`]: every byte readahead asks for is fetched). A
+//! ([`DEFAULT_READAHEAD_KB`]: every byte readahead asks for is fetched),
+//! widened ([`DEFAULT_WARM_READAHEAD_KB`]) once a sandbox that read from
+//! the layer has let go of it: the node then holds what such a workload
+//! reads, and a wide window over local data costs one event instead of
+//! eight. A
 //! read of a range not yet local waits in the kernel while the fill daemon
 //! fetches what covers it - the pieces (one ranged GET per run of
 //! neighbouring pieces of one chunk) when the manifest has piece digests,
@@ -73,6 +77,10 @@ pub const DEFAULT_FILL_THREADS: usize = 4;
 /// fill daemon must fetch, whether or not the reader wants it; chosen by
 /// the lazy-loading benchmark (`docs/images.md`).
 pub const DEFAULT_READAHEAD_KB: u32 = 16;
+/// Readahead window of a layer mount once the node has run something from
+/// the layer (its last lease ended after reads), in KiB: the kernel's
+/// default. Chosen by the lazy-loading benchmark (`docs/images.md`).
+pub const DEFAULT_WARM_READAHEAD_KB: u32 = 128;
 /// Held exclusively by the one cache that owns a directory.
 const LOCK_FILE: &str = ".lock";
 const HOLDER_RECORD: &str = "holder.json";
@@ -92,9 +100,13 @@ pub struct CacheConfig {
     /// Events filled concurrently.
     pub fill_threads: usize,
     /// Readahead window set on each layer mount the cache makes (KiB);
-    /// `None` keeps the kernel's default. A complete layer is mounted with
-    /// it too: it is set once per mount.
+    /// `None` keeps the kernel's default.
     pub readahead_kb: Option<u32>,
+    /// Window the mount gets instead once the layer's last lease ends after
+    /// a reader raised events on it, and from the start for a complete
+    /// layer (KiB); `None` keeps the first window. Files already open keep
+    /// the window they opened with.
+    pub warm_readahead_kb: Option<u32>,
     /// How far ahead of sequential readers the daemon fetches, and with how
     /// many requests in flight per layer (see `prefetch`).
     pub prefetch: PrefetchConfig,
@@ -110,6 +122,7 @@ impl CacheConfig {
             holder,
             fill_threads: DEFAULT_FILL_THREADS,
             readahead_kb: Some(DEFAULT_READAHEAD_KB),
+            warm_readahead_kb: Some(DEFAULT_WARM_READAHEAD_KB),
             prefetch: PrefetchConfig::default(),
         })
     }
@@ -175,6 +188,14 @@ pub struct LayerStats {
     pub trace_replays_running: usize,
     pub leases: usize,
     pub mounted: bool,
+}
+
+/// Sets a layer mount's readahead window; failing only costs fetches or
+/// read time, so it is logged.
+fn set_window(hex: &str, target: &Path, kb: u32) {
+    if let Err(e) = mount::set_readahead_kb(target, kb) {
+        tracing::warn!(layer = hex, kb, error = %e, "cannot set the layer mount's readahead");
+    }
 }
 
 /// The node's cache of lazily filled layers. Dropping it stops its daemon
@@ -275,10 +296,10 @@ impl LayerCache {
             },
         };
         match inner.mount(&file) {
-            Ok(()) => {
+            Ok(warm_window) => {
                 // The lease first: the replay runs beside the readers the
                 // caller is about to start, not before them.
-                let lease = inner.finish(hex, Arc::clone(&file));
+                let lease = inner.finish(hex, Arc::clone(&file), warm_window);
                 if let Some(units) = replay {
                     self.replay_trace(&file, &units);
                 }
@@ -504,6 +525,7 @@ struct Inner {
     mounts: PathBuf,
     capacity_bytes: u64,
     readahead_kb: Option<u32>,
+    warm_readahead_kb: Option<u32>,
     shared: Arc<Shared>,
     table: Mutex<Table>,
     /// One async turn per layer, so one acquire prepares it and the others
@@ -533,6 +555,8 @@ struct Entry {
     leases: usize,
     last_used: u64,
     mounted: bool,
+    /// The mount has the warm readahead window (or there is none to set).
+    warm_window: bool,
     /// An acquire is working on it; not evictable.
     busy: bool,
 }
@@ -584,6 +608,7 @@ impl Inner {
             mounts,
             capacity_bytes: config.capacity_bytes,
             readahead_kb: config.readahead_kb,
+            warm_readahead_kb: config.warm_readahead_kb,
             shared: Arc::new(shared),
             table: Mutex::default(),
             gates: Mutex::default(),
@@ -649,7 +674,16 @@ impl Inner {
         } else {
             mounted = self.reprepare(&file, mounted)?;
         }
-        Ok(Entry { size_bytes: file.manifest().size, file: Some(file), leases: 0, last_used: 0, mounted, busy: false })
+        // An adopted mount's window is unknown: widened again after its next use.
+        Ok(Entry {
+            size_bytes: file.manifest().size,
+            file: Some(file),
+            leases: 0,
+            last_used: 0,
+            mounted,
+            warm_window: false,
+            busy: false,
+        })
     }
 
     /// After the group a layer was mounted under is gone: readers may have
@@ -746,8 +780,15 @@ impl Inner {
             }
         }
         self.make_room(&mut table, &manifest.digest, manifest.size)?;
-        let entry =
-            Entry { file: None, size_bytes: manifest.size, leases: 0, last_used: now, mounted: false, busy: true };
+        let entry = Entry {
+            file: None,
+            size_bytes: manifest.size,
+            leases: 0,
+            last_used: now,
+            mounted: false,
+            warm_window: false,
+            busy: true,
+        };
         table.entries.insert(hex.to_owned(), entry);
         Ok(Claimed::New)
     }
@@ -808,7 +849,8 @@ impl Inner {
 
     /// Registers, marks (unless complete) and mounts a layer file, in that
     /// order: a file mounted before it is marked never raises events.
-    fn mount(&self, file: &Arc<LayerFile>) -> Result<()> {
+    /// Returns whether the mount got the warm window.
+    fn mount(&self, file: &Arc<LayerFile>) -> Result<bool> {
         self.shared.register(file);
         let mounted = self.mark_and_mount(file);
         if mounted.is_err() {
@@ -818,30 +860,33 @@ impl Inner {
         mounted
     }
 
-    fn mark_and_mount(&self, file: &LayerFile) -> Result<()> {
-        if !file.is_complete() {
+    fn mark_and_mount(&self, file: &LayerFile) -> Result<bool> {
+        let complete = file.is_complete();
+        if !complete {
             self.shared.group.mark(file.inode()).context(|| format!("marking {}", file.path().display()))?;
         }
         let target = self.mounts.join(file.hex());
         fs::create_dir_all(&target).context(|| format!("creating {}", target.display()))?;
         mount::mount_erofs(file.path(), &target).context(|| format!("mounting {}", file.path().display()))?;
         // Before the lease exists, so no file is open on the mount yet and
-        // every later open takes this window. Failing only costs fetches.
-        if let Some(kb) = self.readahead_kb {
-            if let Err(e) = mount::set_readahead_kb(&target, kb) {
-                tracing::warn!(layer = file.hex(), error = %e, "cannot set the layer mount's readahead");
-            }
+        // every later open takes this window. A complete layer has nothing
+        // left to fetch, so it starts wide.
+        let warm = complete && self.warm_readahead_kb.is_some();
+        let window = if warm { self.warm_readahead_kb } else { self.readahead_kb };
+        if let Some(kb) = window {
+            set_window(file.hex(), &target, kb);
         }
-        Ok(())
+        Ok(warm || self.warm_readahead_kb.is_none())
     }
 
-    fn finish(self: &Arc<Self>, hex: &str, file: Arc<LayerFile>) -> LayerLease {
+    fn finish(self: &Arc<Self>, hex: &str, file: Arc<LayerFile>, warm_window: bool) -> LayerLease {
         let mut table = self.table();
         table.clock += 1;
         let now = table.clock;
         if let Some(entry) = table.entries.get_mut(hex) {
             entry.file = Some(file);
             entry.mounted = true;
+            entry.warm_window = warm_window;
             entry.busy = false;
             entry.leases += 1;
             entry.last_used = now;
@@ -882,6 +927,14 @@ impl Inner {
             if entry.leases == 0 {
                 if let Some(file) = &entry.file {
                     self.publish_trace(file);
+                    // Under the table's lock, so the mount cannot go
+                    // (evicted) between the check and the write.
+                    let widen = entry.mounted && !entry.warm_window && file.was_read();
+                    if let Some(kb) = self.warm_readahead_kb.filter(|_| widen) {
+                        set_window(hex, &self.mounts.join(hex), kb);
+                        entry.warm_window = true;
+                        file.close_trace();
+                    }
                 }
             }
         }

@@ -418,6 +418,9 @@ impl Fixture {
             holder: holder_command(),
             fill_threads: 4,
             readahead_kb: Some(DEFAULT_READAHEAD_KB),
+            // A widened window would change what a second round of reads
+            // fetches; its own test turns it on.
+            warm_readahead_kb: None,
             // Whole-file fetching would bring most test files in one go;
             // its own tests turn it on.
             prefetch: PrefetchConfig { whole_file_bytes: 0, ..PrefetchConfig::default() },
@@ -767,6 +770,7 @@ fn crash_child_entry_point() {
             holder: holder_command(),
             fill_threads: 2,
             readahead_kb: None,
+            warm_readahead_kb: None,
             prefetch: PrefetchConfig::default(),
         };
         let cache = LayerCache::open_with(config, Arc::new(source)).await.unwrap();
@@ -1318,6 +1322,52 @@ async fn a_layer_mount_gets_the_configured_readahead_window() {
     let cache = LayerCache::open_with(config, source.clone()).await.unwrap();
     let lease = cache.acquire(&layer.manifest).await.unwrap();
     assert_eq!(mount_readahead_kb(lease.mount_path()), 12);
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_mount_widens_its_readahead_once_its_readers_let_go_and_a_complete_one_starts_wide() {
+    let fx = Fixture::new();
+    let layer = with_pieces(build_layer("ra-warm", layer_files(29, 3)));
+    let source = TestSource::with(&[&layer]);
+    let config = || CacheConfig { readahead_kb: Some(12), warm_readahead_kb: Some(40), ..fx.config(1 << 30) };
+    let cache = LayerCache::open_with(config(), source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    let mount = lease.mount_path().to_path_buf();
+    assert_eq!(mount_readahead_kb(&mount), 12);
+    // A use that read nothing (a pull) tells nothing about the workload.
+    drop(lease);
+    assert_eq!(mount_readahead_kb(&mount), 12);
+
+    let reader = cache.acquire(&layer.manifest).await.unwrap();
+    let other = cache.acquire(&layer.manifest).await.unwrap();
+    let name = "data/file000";
+    assert_eq!(read(&mount.join(name)).unwrap(), layer.files[name]);
+    drop(reader);
+    assert_eq!(mount_readahead_kb(&mount), 12, "widened while a sandbox still used the layer");
+    drop(other);
+    assert_eq!(mount_readahead_kb(&mount), 40, "not widened once the node ran something from the layer");
+    // A wide window's events name units nobody asked for: the access trace
+    // stops there.
+    let before = cache.stats()[0].clone();
+    assert!(before.traced_units > 0);
+    let reader = cache.acquire(&layer.manifest).await.unwrap();
+    let name = "data/file002";
+    assert_eq!(read(&mount.join(name)).unwrap(), layer.files[name]);
+    let after = &cache.stats()[0];
+    assert!(after.fill_events > before.fill_events, "the read raised no event");
+    assert_eq!(after.traced_units, before.traced_units, "recorded after the window widened");
+    drop(reader);
+
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    cache.fetch_all(&lease).await.unwrap();
+    drop(lease);
+    cache.shutdown().await.unwrap();
+    // Mounted again, complete: nothing is left to fetch, so it starts wide.
+    let cache = LayerCache::open_with(config(), source.clone()).await.unwrap();
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    assert_eq!(mount_readahead_kb(lease.mount_path()), 40);
     drop(lease);
     cache.shutdown().await.unwrap();
 }

@@ -41,6 +41,10 @@ pub struct BlobStoreConfig {
     /// Readahead window of the node's layer mounts in KiB (default
     /// `warren_image::cache::DEFAULT_READAHEAD_KB`; 0 = the kernel's).
     pub layer_readahead_kb: Option<u32>,
+    /// Window a layer mount gets once the node has run something from the
+    /// layer, in KiB (default
+    /// `warren_image::cache::DEFAULT_WARM_READAHEAD_KB`; 0 = keep the first).
+    pub layer_warm_readahead_kb: Option<u32>,
     /// Prefetch, whole-small-file fetch and access-trace settings of the
     /// node's layer cache (`warren serve --layer-*`; default
     /// `PrefetchConfig::default()`).
@@ -99,6 +103,11 @@ impl LayeredImages {
                 Some(0) => None,
                 Some(kb) => Some(kb),
                 None => Some(warren_image::cache::DEFAULT_READAHEAD_KB),
+            },
+            warm_readahead_kb: match store.layer_warm_readahead_kb {
+                Some(0) => None,
+                Some(kb) => Some(kb),
+                None => Some(warren_image::cache::DEFAULT_WARM_READAHEAD_KB),
             },
             ..CacheConfig::new(data_dir.join("layer-cache"), cache_bytes).map_err(|e| image_err("layer cache", e))?
         };
@@ -513,6 +522,7 @@ mod tests {
             PrefetchConfig { max_ahead_bytes: 8 << 10, max_requests: 3, whole_file_bytes: 0, trace_requests: 5 };
         let store = BlobStoreConfig {
             layer_readahead_kb: Some(64),
+            layer_warm_readahead_kb: Some(0),
             layer_prefetch: prefetch,
             layer_fill_threads: Some(6),
             ..BlobStoreConfig::default()
@@ -522,6 +532,7 @@ mod tests {
         assert_eq!(images.config.prefetch, prefetch);
         assert_eq!(images.config.fill_threads, 6);
         assert_eq!(images.config.readahead_kb, Some(64));
+        assert_eq!(images.config.warm_readahead_kb, None);
         // Nothing opened the cache: no holder was started.
         assert!(images.cache.get().is_none());
 
@@ -535,5 +546,7 @@ mod tests {
         .unwrap();
         assert_eq!(defaults.config.prefetch, PrefetchConfig::default());
         assert_eq!(defaults.config.fill_threads, warren_image::cache::DEFAULT_FILL_THREADS);
+        assert_eq!(defaults.config.readahead_kb, Some(warren_image::cache::DEFAULT_READAHEAD_KB));
+        assert_eq!(defaults.config.warm_readahead_kb, Some(warren_image::cache::DEFAULT_WARM_READAHEAD_KB));
     }
 }

@@ -74,6 +74,11 @@ pub struct ServeArgs {
     /// 0 keeps the kernel's 128). Bytes readahead covers are fetched.
     #[arg(long)]
     pub layer_readahead_kb: Option<u32>,
+    /// Readahead window a layer mount gets once a sandbox that read from the
+    /// layer has ended on this node, in KiB (default 128; 0 keeps the first
+    /// window).
+    #[arg(long)]
+    pub layer_warm_readahead_kb: Option<u32>,
     /// How far ahead of a sequential reader of a lazily filled layer the
     /// node fetches, in KiB (0 = no prefetch).
     #[arg(long, default_value_t = warren_image::cache::DEFAULT_PREFETCH_KB)]
@@ -213,6 +218,7 @@ impl ServeArgs {
             chunk_size_bytes: None,
             piece_size_bytes: None,
             layer_readahead_kb: None,
+            layer_warm_readahead_kb: None,
             layer_prefetch_kb: warren_image::cache::DEFAULT_PREFETCH_KB,
             layer_prefetch_requests: warren_image::cache::DEFAULT_PREFETCH_REQUESTS,
             layer_whole_file_kb: warren_image::cache::DEFAULT_WHOLE_FILE_KB,
@@ -267,6 +273,7 @@ fn blob_store_config(args: &ServeArgs) -> Result<warren_node::BlobStoreConfig> {
         chunk_size_bytes: args.chunk_size_bytes,
         piece_size_bytes: args.piece_size_bytes,
         layer_readahead_kb: args.layer_readahead_kb,
+        layer_warm_readahead_kb: args.layer_warm_readahead_kb,
         layer_prefetch: warren_image::cache::PrefetchConfig {
             max_ahead_bytes: u64::from(args.layer_prefetch_kb) * 1024,
             max_requests: args.layer_prefetch_requests,
@@ -658,6 +665,8 @@ mod tests {
             "7",
             "--layer-readahead-kb",
             "32",
+            "--layer-warm-readahead-kb",
+            "256",
         ]);
         assert_eq!(
             config.layer_prefetch,
@@ -665,5 +674,6 @@ mod tests {
         );
         assert_eq!(config.layer_fill_threads, Some(7));
         assert_eq!(config.layer_readahead_kb, Some(32));
+        assert_eq!(config.layer_warm_readahead_kb, Some(256));
     }
 }

@@ -258,6 +258,12 @@ impl LayerFile {
         chunks.present == chunks.states.len()
     }
 
+    /// Whether a reader of the mount has raised an event on the layer since
+    /// this cache opened it: something ran from it here.
+    pub(crate) fn was_read(&self) -> bool {
+        self.counters.fill_events.load(Ordering::Relaxed) > 0
+    }
+
     /// True the first time it is called on a complete layer: the moment to
     /// drop its mark, since no read of it needs a verdict any more.
     pub(crate) fn take_unmark_turn(&self) -> bool {
@@ -566,6 +572,12 @@ impl LayerFile {
 
     fn trace_log(&self) -> MutexGuard<'_, TraceLog> {
         self.trace.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Ends the access trace's recording (see `trace`: the mount's window
+    /// widened).
+    pub(crate) fn close_trace(&self) {
+        self.trace_log().close();
     }
 
     /// Starts the access trace with the one a replay fetched (see `trace`).

@@ -31,6 +31,11 @@
 //! - Only demand reads are recorded (the event's range), not prefetches or
 //!   whole-file widenings: those are re-derived on the next node from the
 //!   demand that caused them, and a prefetch nobody read is not repeated.
+//! - Only while the mount has its first, narrow readahead window: an
+//!   event's range is the window, and once the node widens it (see the
+//!   cache's top doc) each event names several units the reader never
+//!   asked for, which a cold node replaying the trace would fetch for
+//!   nothing. So the log closes when the window widens.
 
 use std::ops::RangeInclusive;
 
@@ -64,17 +69,24 @@ pub(crate) struct TraceLog {
     /// `order[..published]` is in the store already (or came from it).
     published: usize,
     limit: usize,
+    /// Records nothing more (see the top doc).
+    closed: bool,
 }
 
 impl TraceLog {
     pub(crate) fn new(units: usize) -> Self {
-        Self { seen: vec![false; units], order: Vec::new(), published: 0, limit: limit(units) }
+        Self { seen: vec![false; units], order: Vec::new(), published: 0, limit: limit(units), closed: false }
+    }
+
+    /// Stops recording; what is recorded stays, to be published.
+    pub(crate) fn close(&mut self) {
+        self.closed = true;
     }
 
     /// Records a read of `span` (units), unless the log is full or the span
     /// is too wide to be a read.
     pub(crate) fn record(&mut self, span: RangeInclusive<usize>) {
-        if span.end().saturating_sub(*span.start()) >= MAX_RECORDED_SPAN {
+        if self.closed || span.end().saturating_sub(*span.start()) >= MAX_RECORDED_SPAN {
             return;
         }
         for index in span {
@@ -183,6 +195,17 @@ mod tests {
         next.record(500..=500);
         let union = next.take_unpublished(16384).unwrap();
         assert_eq!(decode(&union, 16384, 1000).unwrap(), [10, 11, 3, 12, 500]);
+    }
+
+    #[test]
+    fn a_closed_log_keeps_what_it_had_and_records_nothing_more() {
+        let mut log = TraceLog::new(1000);
+        log.record(7..=8);
+        log.close();
+        log.record(20..=27);
+        assert_eq!(log.order, [7, 8]);
+        let bytes = log.take_unpublished(16384).unwrap();
+        assert_eq!(decode(&bytes, 16384, 1000).unwrap(), [7, 8]);
     }
 
     #[test]
