@@ -722,26 +722,23 @@ impl BlobStore {
     /// the digest the image names. Read from the store once per layer
     /// version; later calls find them in memory.
     pub async fn image_layers(&self, image: &ImageManifest) -> Result<Vec<LayerManifest>, BlobError> {
-        let mut layers = Vec::with_capacity(image.layers.len());
-        for (index, r) in image.layers.iter().enumerate() {
+        // Fetched side by side: a cold node's create waits for them all.
+        let layers = image.layers.iter().enumerate().map(|(index, r)| async move {
             let key = (r.name.clone(), r.version.clone(), r.digest.clone());
             let known = self.known_layers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).cloned();
-            let layer = match known {
-                Some(layer) => layer,
-                None => {
-                    let layer = self.get_layer_manifest(&r.name, &r.version).await?;
-                    image.check_layer(index, &layer)?;
-                    let mut known = self.known_layers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    if known.len() >= KNOWN_LAYERS {
-                        known.clear();
-                    }
-                    known.insert(key, layer.clone());
-                    layer
-                }
-            };
-            layers.push(layer);
-        }
-        Ok(layers)
+            if let Some(layer) = known {
+                return Ok(layer);
+            }
+            let layer = self.get_layer_manifest(&r.name, &r.version).await?;
+            image.check_layer(index, &layer)?;
+            let mut known = self.known_layers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if known.len() >= KNOWN_LAYERS {
+                known.clear();
+            }
+            known.insert(key, layer.clone());
+            Ok(layer)
+        });
+        futures_util::future::try_join_all(layers).await
     }
 
     /// Makes (or moves) the tag `name:tag` to the stored layers

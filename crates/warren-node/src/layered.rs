@@ -470,10 +470,13 @@ impl LayeredImages {
         let image =
             self.blobs.get_image_manifest(name, TAG).await.map_err(|_| NodeError::ImageNotFound(name.to_string()))?;
         let layers = self.blobs.image_layers(&image).await.map_err(|e| image_err("reading the image's layers", e))?;
-        let mut leases = Vec::with_capacity(layers.len());
-        for layer in &layers {
-            leases.push(self.cache().await?.acquire(layer).await.map_err(|e| image_err("preparing a layer", e))?);
-        }
+        // All at once: on a cold node each layer's manifest, metadata blob
+        // and trace are store round trips and a sync, which the layers need
+        // not wait out in turn. A failure drops the leases already made.
+        let cache = self.cache().await?;
+        let leases = futures_util::future::try_join_all(layers.iter().map(|layer| cache.acquire(layer)))
+            .await
+            .map_err(|e| image_err("preparing a layer", e))?;
         Ok((leases, image.config))
     }
 }
