@@ -61,7 +61,7 @@ use daemon::{deny_orphaned_events, fetch_batch, Daemon, HighWater, Shared};
 use error::IoContext;
 pub use error::{CacheError, Result};
 use fanotify::Group;
-use file::{owned_file_hex, LayerFile};
+use file::{owned_file_hex, Background, LayerFile};
 use futures_util::StreamExt;
 pub use holder::{holder_main, HolderCommand, HOLDER_ARG, HOLDER_CONTROL_FD, HOLDER_GROUP_FD};
 use holder::{Adopted, Holder};
@@ -81,6 +81,10 @@ pub const DEFAULT_READAHEAD_KB: u32 = 16;
 /// the layer (its last lease ended after reads), in KiB: the kernel's
 /// default. Chosen by the lazy-loading benchmark (`docs/images.md`).
 pub const DEFAULT_WARM_READAHEAD_KB: u32 = 128;
+/// Ranged GETs in flight while a layer is completed in the background:
+/// fewer than a trace replay's, since no reader is waiting for them and
+/// demand fills share the link.
+const COMPLETION_REQUESTS: usize = 4;
 /// Held exclusively by the one cache that owns a directory.
 const LOCK_FILE: &str = ".lock";
 const HOLDER_RECORD: &str = "holder.json";
@@ -107,6 +111,12 @@ pub struct CacheConfig {
     /// layer (KiB); `None` keeps the first window. Files already open keep
     /// the window they opened with.
     pub warm_readahead_kb: Option<u32>,
+    /// Whether the cache fetches every missing unit of a layer in the
+    /// background once the node has run it (at the same moment the window
+    /// widens), so that later reads need no event and no daemon at all:
+    /// a complete layer is unmarked. Costs the rest of the layer's bytes
+    /// from the store, once per node.
+    pub complete_after_use: bool,
     /// How far ahead of sequential readers the daemon fetches, and with how
     /// many requests in flight per layer (see `prefetch`).
     pub prefetch: PrefetchConfig,
@@ -123,6 +133,7 @@ impl CacheConfig {
             fill_threads: DEFAULT_FILL_THREADS,
             readahead_kb: Some(DEFAULT_READAHEAD_KB),
             warm_readahead_kb: Some(DEFAULT_WARM_READAHEAD_KB),
+            complete_after_use: false,
             prefetch: PrefetchConfig::default(),
         })
     }
@@ -186,6 +197,14 @@ pub struct LayerStats {
     /// Trace replays of the layer still running (0 or 1): the replay runs
     /// beside the layer's first readers, and its counters are final at 0.
     pub trace_replays_running: usize,
+    /// Units fetched by the layer's background completion (counted in
+    /// `chunks_fetched` and `bytes_fetched` too), their bytes, and those
+    /// refused (left missing), with `complete_after_use`.
+    pub completion_units: u64,
+    pub completion_bytes: u64,
+    pub failed_completion_units: u64,
+    /// Background completions of the layer still running (0 or 1).
+    pub completion_running: usize,
     pub leases: usize,
     pub mounted: bool,
 }
@@ -296,10 +315,10 @@ impl LayerCache {
             },
         };
         match inner.mount(&file) {
-            Ok(warm_window) => {
+            Ok(complete) => {
                 // The lease first: the replay runs beside the readers the
                 // caller is about to start, not before them.
-                let lease = inner.finish(hex, Arc::clone(&file), warm_window);
+                let lease = inner.finish(hex, Arc::clone(&file), complete);
                 if let Some(units) = replay {
                     self.replay_trace(&file, &units);
                 }
@@ -365,61 +384,13 @@ impl LayerCache {
 
     /// Starts fetching the missing units of `units` (a trace, in its order)
     /// in the background, with up to `trace_requests` ranged GETs in
-    /// flight, while the layer is mounted and read. Each run of units is
-    /// claimed only when its GET starts: a read of a unit not claimed yet
-    /// takes the ordinary miss path, a read of one in flight waits for it.
-    /// Every unit is checked before it is written; one that fails goes back
-    /// to missing for a read to fetch (or fail closed) on demand. Runs as
-    /// one of the layer's prefetch tasks, so closing the layer aborts it.
+    /// flight, while the layer is mounted and read (see
+    /// [`Inner::fetch_in_background`]).
     fn replay_trace(&self, file: &Arc<LayerFile>, units: &[usize]) {
         file.seed_trace(units);
         let wanted = replay_order(file.missing_of(units));
-        if wanted.is_empty() {
-            return;
-        }
-        let manifest = Arc::clone(file.manifest());
-        let source = Arc::clone(&self.inner.shared.source);
         let requests = self.inner.shared.prefetch.trace_requests.max(1);
-        let runs = daemon::piece_runs(&manifest, &wanted);
-        let running = file.replay_running();
-        let (layer, traced) = (Arc::clone(file), units.len());
-        file.prefetch_state().spawn(&self.inner.shared.runtime, async move {
-            let _running = running;
-            let stored: usize = futures_util::stream::iter(runs)
-                .map(|(first, count)| {
-                    let (file, source, manifest) = (Arc::clone(&layer), Arc::clone(&source), Arc::clone(&manifest));
-                    async move {
-                        // Claimed now, not when the replay started: reads
-                        // ahead of the replay fetch on demand meanwhile.
-                        let Some(claim) = file.claim_replay(first, count) else { return 0 };
-                        // Only what was claimed: a read may have fetched
-                        // part of the run meanwhile.
-                        let mut fetched = Vec::with_capacity(claim.indices().len());
-                        for (first, count) in daemon::piece_runs(&manifest, claim.indices()) {
-                            let got = if manifest.piece_size.is_some() {
-                                source.fetch_pieces(&manifest, first, count).await
-                            } else {
-                                source.fetch_chunk(&manifest, first).await.map(|bytes| vec![bytes])
-                            };
-                            match got {
-                                Ok(units) if units.len() == count => fetched.extend(units.into_iter().map(Ok)),
-                                Ok(units) => fetched.extend(
-                                    (0..count).map(|_| Err(format!("{} units for a request of {count}", units.len()))),
-                                ),
-                                Err(e) => fetched.extend((0..count).map(|_| Err(e.to_string()))),
-                            }
-                        }
-                        // Hashing and writing up to a chunk: off the runtime.
-                        // An aborted or failed task drops the claim, which
-                        // puts its units back to missing.
-                        tokio::task::spawn_blocking(move || file.store_replayed(claim, fetched)).await.unwrap_or(0)
-                    }
-                })
-                .buffer_unordered(requests)
-                .fold(0, |total, stored| async move { total + stored })
-                .await;
-            tracing::debug!(layer = layer.hex(), traced, fetched = stored, "replayed the layer's access trace");
-        });
+        self.inner.fetch_in_background(file, wanted, Background::TraceReplay, requests);
     }
 
     /// Makes the layer's metadata local: its metadata blob, or for a
@@ -526,6 +497,7 @@ struct Inner {
     capacity_bytes: u64,
     readahead_kb: Option<u32>,
     warm_readahead_kb: Option<u32>,
+    complete_after_use: bool,
     shared: Arc<Shared>,
     table: Mutex<Table>,
     /// One async turn per layer, so one acquire prepares it and the others
@@ -555,8 +527,10 @@ struct Entry {
     leases: usize,
     last_used: u64,
     mounted: bool,
-    /// The mount has the warm readahead window (or there is none to set).
-    warm_window: bool,
+    /// A sandbox that read from the layer has ended since it was mounted
+    /// (or it was complete then): its mount has the warm window, its trace
+    /// is closed and, with `complete_after_use`, its completion started.
+    ran_here: bool,
     /// An acquire is working on it; not evictable.
     busy: bool,
 }
@@ -609,6 +583,7 @@ impl Inner {
             capacity_bytes: config.capacity_bytes,
             readahead_kb: config.readahead_kb,
             warm_readahead_kb: config.warm_readahead_kb,
+            complete_after_use: config.complete_after_use,
             shared: Arc::new(shared),
             table: Mutex::default(),
             gates: Mutex::default(),
@@ -681,7 +656,7 @@ impl Inner {
             leases: 0,
             last_used: 0,
             mounted,
-            warm_window: false,
+            ran_here: false,
             busy: false,
         })
     }
@@ -786,7 +761,7 @@ impl Inner {
             leases: 0,
             last_used: now,
             mounted: false,
-            warm_window: false,
+            ran_here: false,
             busy: true,
         };
         table.entries.insert(hex.to_owned(), entry);
@@ -849,7 +824,7 @@ impl Inner {
 
     /// Registers, marks (unless complete) and mounts a layer file, in that
     /// order: a file mounted before it is marked never raises events.
-    /// Returns whether the mount got the warm window.
+    /// Returns whether the layer was complete.
     fn mount(&self, file: &Arc<LayerFile>) -> Result<bool> {
         self.shared.register(file);
         let mounted = self.mark_and_mount(file);
@@ -871,22 +846,21 @@ impl Inner {
         // Before the lease exists, so no file is open on the mount yet and
         // every later open takes this window. A complete layer has nothing
         // left to fetch, so it starts wide.
-        let warm = complete && self.warm_readahead_kb.is_some();
-        let window = if warm { self.warm_readahead_kb } else { self.readahead_kb };
+        let window = if complete { self.warm_readahead_kb.or(self.readahead_kb) } else { self.readahead_kb };
         if let Some(kb) = window {
             set_window(file.hex(), &target, kb);
         }
-        Ok(warm || self.warm_readahead_kb.is_none())
+        Ok(complete)
     }
 
-    fn finish(self: &Arc<Self>, hex: &str, file: Arc<LayerFile>, warm_window: bool) -> LayerLease {
+    fn finish(self: &Arc<Self>, hex: &str, file: Arc<LayerFile>, complete: bool) -> LayerLease {
         let mut table = self.table();
         table.clock += 1;
         let now = table.clock;
         if let Some(entry) = table.entries.get_mut(hex) {
             entry.file = Some(file);
             entry.mounted = true;
-            entry.warm_window = warm_window;
+            entry.ran_here = complete;
             entry.busy = false;
             entry.leases += 1;
             entry.last_used = now;
@@ -917,6 +891,67 @@ impl Inner {
         }
     }
 
+    /// Fetches `wanted` (unit indices, in that order) in the background,
+    /// with up to `requests` ranged GETs in flight, while the layer is
+    /// mounted and read. Each run of units is claimed only when its GET
+    /// starts: a read of a unit not claimed yet takes the ordinary miss
+    /// path, a read of one in flight waits for it. Every unit is checked
+    /// before it is written; one that fails goes back to missing for a read
+    /// to fetch (or fail closed) on demand. Runs as one of the layer's
+    /// prefetch tasks, so closing the layer aborts it. A layer it completes
+    /// is unmarked.
+    fn fetch_in_background(&self, file: &Arc<LayerFile>, wanted: Vec<usize>, kind: Background, requests: usize) {
+        if wanted.is_empty() {
+            return;
+        }
+        let manifest = Arc::clone(file.manifest());
+        let source = Arc::clone(&self.shared.source);
+        let shared = Arc::clone(&self.shared);
+        let runs = daemon::piece_runs(&manifest, &wanted);
+        let running = file.background_running(kind);
+        let (layer, wanted) = (Arc::clone(file), wanted.len());
+        file.prefetch_state().spawn(&self.shared.runtime, async move {
+            let _running = running;
+            let stored: usize = futures_util::stream::iter(runs)
+                .map(|(first, count)| {
+                    let (file, source, manifest) = (Arc::clone(&layer), Arc::clone(&source), Arc::clone(&manifest));
+                    async move {
+                        // Claimed now, not when the fetch started: reads
+                        // ahead of it fetch on demand meanwhile.
+                        let Some(claim) = file.claim_replay(first, count) else { return 0 };
+                        // Only what was claimed: a read may have fetched
+                        // part of the run meanwhile.
+                        let mut fetched = Vec::with_capacity(claim.indices().len());
+                        for (first, count) in daemon::piece_runs(&manifest, claim.indices()) {
+                            let got = if manifest.piece_size.is_some() {
+                                source.fetch_pieces(&manifest, first, count).await
+                            } else {
+                                source.fetch_chunk(&manifest, first).await.map(|bytes| vec![bytes])
+                            };
+                            match got {
+                                Ok(units) if units.len() == count => fetched.extend(units.into_iter().map(Ok)),
+                                Ok(units) => fetched.extend(
+                                    (0..count).map(|_| Err(format!("{} units for a request of {count}", units.len()))),
+                                ),
+                                Err(e) => fetched.extend((0..count).map(|_| Err(e.to_string()))),
+                            }
+                        }
+                        // Hashing and writing up to a chunk: off the runtime.
+                        // An aborted or failed task drops the claim, which
+                        // puts its units back to missing.
+                        tokio::task::spawn_blocking(move || file.store_background(kind, claim, fetched))
+                            .await
+                            .unwrap_or(0)
+                    }
+                })
+                .buffer_unordered(requests)
+                .fold(0, |total, stored| async move { total + stored })
+                .await;
+            tracing::debug!(layer = layer.hex(), ?kind, wanted, fetched = stored, "fetched units in the background");
+            daemon::unmark_if_complete(&shared, &layer);
+        });
+    }
+
     fn release(&self, hex: &str) {
         let mut table = self.table();
         table.clock += 1;
@@ -929,11 +964,16 @@ impl Inner {
                     self.publish_trace(file);
                     // Under the table's lock, so the mount cannot go
                     // (evicted) between the check and the write.
-                    let widen = entry.mounted && !entry.warm_window && file.was_read();
-                    if let Some(kb) = self.warm_readahead_kb.filter(|_| widen) {
-                        set_window(hex, &self.mounts.join(hex), kb);
-                        entry.warm_window = true;
-                        file.close_trace();
+                    if entry.mounted && !entry.ran_here && file.was_read() {
+                        entry.ran_here = true;
+                        if let Some(kb) = self.warm_readahead_kb {
+                            set_window(hex, &self.mounts.join(hex), kb);
+                            file.close_trace();
+                        }
+                        if self.complete_after_use {
+                            let missing = file.missing_units();
+                            self.fetch_in_background(file, missing, Background::Completion, COMPLETION_REQUESTS);
+                        }
                     }
                 }
             }

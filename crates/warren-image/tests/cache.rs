@@ -421,6 +421,7 @@ impl Fixture {
             // A widened window would change what a second round of reads
             // fetches; its own test turns it on.
             warm_readahead_kb: None,
+            complete_after_use: false,
             // Whole-file fetching would bring most test files in one go;
             // its own tests turn it on.
             prefetch: PrefetchConfig { whole_file_bytes: 0, ..PrefetchConfig::default() },
@@ -771,6 +772,7 @@ fn crash_child_entry_point() {
             fill_threads: 2,
             readahead_kb: None,
             warm_readahead_kb: None,
+            complete_after_use: false,
             prefetch: PrefetchConfig::default(),
         };
         let cache = LayerCache::open_with(config, Arc::new(source)).await.unwrap();
@@ -1368,6 +1370,45 @@ async fn a_layer_mount_widens_its_readahead_once_its_readers_let_go_and_a_comple
     let cache = LayerCache::open_with(config(), source.clone()).await.unwrap();
     let lease = cache.acquire(&layer.manifest).await.unwrap();
     assert_eq!(mount_readahead_kb(lease.mount_path()), 40);
+    drop(lease);
+    cache.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_complete_after_use_a_layer_the_node_ran_is_completed_in_the_background_and_read_without_events() {
+    let fx = Fixture::new();
+    let layer = with_pieces(build_layer("complete", layer_files(31, 4)));
+    let source = TestSource::with(&[&layer]);
+    let config = CacheConfig { complete_after_use: true, ..fx.config(1 << 30) };
+    let cache = LayerCache::open_with(config, source.clone()).await.unwrap();
+    // A use that read nothing (a pull) starts nothing.
+    drop(cache.acquire(&layer.manifest).await.unwrap());
+    let pulled = cache.stats()[0].clone();
+    assert_eq!((pulled.completion_units, pulled.completion_running), (0, 0));
+    assert!(pulled.present_bytes < layer.manifest.size);
+
+    let reader = cache.acquire(&layer.manifest).await.unwrap();
+    let mount = reader.mount_path().to_path_buf();
+    let name = "data/file000";
+    assert_eq!(read(&mount.join(name)).unwrap(), layer.files[name]);
+    drop(reader);
+    eventually("the layer to be completed", || {
+        let stats = &cache.stats()[0];
+        stats.present_bytes == layer.manifest.size && stats.completion_running == 0
+    })
+    .await;
+    let done = cache.stats()[0].clone();
+    assert!(done.completion_units > 0 && done.completion_bytes > 0, "{done:?}");
+    assert_eq!(done.failed_completion_units, 0);
+    assert!(done.bytes_fetched >= done.completion_bytes, "completion bytes are part of the fetched bytes");
+    assert_eq!(fs::read(fx.cache_dir().join(format!("{}.erofs", &layer.manifest.digest[7..]))).unwrap(), layer.image);
+
+    // Complete, the layer is unmarked: a read of data never read before
+    // raises no event.
+    let lease = cache.acquire(&layer.manifest).await.unwrap();
+    let name = "data/file003";
+    assert_eq!(read(&mount.join(name)).unwrap(), layer.files[name]);
+    assert_eq!(cache.stats()[0].fill_events, done.fill_events, "a complete layer still raised events");
     drop(lease);
     cache.shutdown().await.unwrap();
 }

@@ -45,6 +45,9 @@ pub struct BlobStoreConfig {
     /// layer, in KiB (default
     /// `warren_image::cache::DEFAULT_WARM_READAHEAD_KB`; 0 = keep the first).
     pub layer_warm_readahead_kb: Option<u32>,
+    /// Whether the node fetches the rest of a layer in the background once
+    /// it has run something from it (default off).
+    pub layer_complete_after_use: bool,
     /// Prefetch, whole-small-file fetch and access-trace settings of the
     /// node's layer cache (`warren serve --layer-*`; default
     /// `PrefetchConfig::default()`).
@@ -109,6 +112,7 @@ impl LayeredImages {
                 Some(kb) => Some(kb),
                 None => Some(warren_image::cache::DEFAULT_WARM_READAHEAD_KB),
             },
+            complete_after_use: store.layer_complete_after_use,
             ..CacheConfig::new(data_dir.join("layer-cache"), cache_bytes).map_err(|e| image_err("layer cache", e))?
         };
         let scratch = data_dir.join("tmp");
@@ -435,6 +439,10 @@ impl LayeredImages {
                     traced_units: l.traced_units,
                     traces_published: l.traces_published,
                     trace_replays_running: l.trace_replays_running as u64,
+                    completion_units: l.completion_units,
+                    completion_bytes: l.completion_bytes,
+                    failed_completion_units: l.failed_completion_units,
+                    completion_running: l.completion_running as u64,
                     leases: l.leases as u64,
                     mounted: l.mounted,
                 })
@@ -526,6 +534,7 @@ mod tests {
         let store = BlobStoreConfig {
             layer_readahead_kb: Some(64),
             layer_warm_readahead_kb: Some(0),
+            layer_complete_after_use: true,
             layer_prefetch: prefetch,
             layer_fill_threads: Some(6),
             ..BlobStoreConfig::default()
@@ -536,6 +545,7 @@ mod tests {
         assert_eq!(images.config.fill_threads, 6);
         assert_eq!(images.config.readahead_kb, Some(64));
         assert_eq!(images.config.warm_readahead_kb, None);
+        assert!(images.config.complete_after_use);
         // Nothing opened the cache: no holder was started.
         assert!(images.cache.get().is_none());
 
@@ -551,5 +561,6 @@ mod tests {
         assert_eq!(defaults.config.fill_threads, warren_image::cache::DEFAULT_FILL_THREADS);
         assert_eq!(defaults.config.readahead_kb, Some(warren_image::cache::DEFAULT_READAHEAD_KB));
         assert_eq!(defaults.config.warm_readahead_kb, Some(warren_image::cache::DEFAULT_WARM_READAHEAD_KB));
+        assert!(!defaults.config.complete_after_use);
     }
 }

@@ -79,6 +79,12 @@ pub struct ServeArgs {
     /// window).
     #[arg(long)]
     pub layer_warm_readahead_kb: Option<u32>,
+    /// Once a sandbox that read from a layer has ended on this node, fetch
+    /// the rest of the layer in the background; a complete layer is read
+    /// with no fill daemon in the path. Costs the layer's remaining bytes
+    /// from the store, once per node.
+    #[arg(long)]
+    pub layer_complete_after_use: bool,
     /// How far ahead of a sequential reader of a lazily filled layer the
     /// node fetches, in KiB (0 = no prefetch).
     #[arg(long, default_value_t = warren_image::cache::DEFAULT_PREFETCH_KB)]
@@ -219,6 +225,7 @@ impl ServeArgs {
             piece_size_bytes: None,
             layer_readahead_kb: None,
             layer_warm_readahead_kb: None,
+            layer_complete_after_use: false,
             layer_prefetch_kb: warren_image::cache::DEFAULT_PREFETCH_KB,
             layer_prefetch_requests: warren_image::cache::DEFAULT_PREFETCH_REQUESTS,
             layer_whole_file_kb: warren_image::cache::DEFAULT_WHOLE_FILE_KB,
@@ -274,6 +281,7 @@ fn blob_store_config(args: &ServeArgs) -> Result<warren_node::BlobStoreConfig> {
         piece_size_bytes: args.piece_size_bytes,
         layer_readahead_kb: args.layer_readahead_kb,
         layer_warm_readahead_kb: args.layer_warm_readahead_kb,
+        layer_complete_after_use: args.layer_complete_after_use,
         layer_prefetch: warren_image::cache::PrefetchConfig {
             max_ahead_bytes: u64::from(args.layer_prefetch_kb) * 1024,
             max_requests: args.layer_prefetch_requests,
@@ -667,6 +675,7 @@ mod tests {
             "32",
             "--layer-warm-readahead-kb",
             "256",
+            "--layer-complete-after-use",
         ]);
         assert_eq!(
             config.layer_prefetch,
@@ -675,5 +684,6 @@ mod tests {
         assert_eq!(config.layer_fill_threads, Some(7));
         assert_eq!(config.layer_readahead_kb, Some(32));
         assert_eq!(config.layer_warm_readahead_kb, Some(256));
+        assert!(config.layer_complete_after_use);
     }
 }

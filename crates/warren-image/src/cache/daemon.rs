@@ -339,7 +339,7 @@ fn fill_event(shared: &Shared, event: &Event) -> Result<(), EventError> {
 
 /// Drops the mark of a layer that just became complete (a demand fill or
 /// a prefetch wrote its last unit): no read of it needs a verdict any more.
-fn unmark_if_complete(shared: &Shared, file: &LayerFile) {
+pub(crate) fn unmark_if_complete(shared: &Shared, file: &LayerFile) {
     if file.take_unmark_turn() {
         if let Err(e) = shared.group.unmark(file.inode()) {
             tracing::warn!(layer = file.hex(), error = %e, "could not unmark a complete layer");

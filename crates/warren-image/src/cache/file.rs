@@ -99,6 +99,21 @@ struct Counters {
     traces_published: AtomicU64,
     /// Trace replays started and not ended (0 or 1: one per new layer).
     replays_running: AtomicUsize,
+    completion_units: AtomicU64,
+    completion_bytes: AtomicU64,
+    completion_failed: AtomicU64,
+    /// Background completions started and not ended (0 or 1).
+    completions_running: AtomicUsize,
+}
+
+/// What a background fetch of a layer's units is for; each counts apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Background {
+    /// The units the layer's stored access trace names (see `trace`).
+    TraceReplay,
+    /// Every unit still missing, once the node has run the layer (see
+    /// `CacheConfig::complete_after_use`).
+    Completion,
 }
 
 /// What one fill event cost, for attributing it to its reader.
@@ -601,8 +616,14 @@ impl LayerFile {
         units.iter().copied().filter(|&i| chunks.states.get(i) == Some(&ChunkState::Missing)).collect()
     }
 
-    /// Claims the missing units of `first..first + count` for a trace
-    /// replay (readers of them wait for it, as for a prefetch); `None`
+    /// Every unit not present yet, in layer order.
+    pub(crate) fn missing_units(&self) -> Vec<usize> {
+        let chunks = self.lock();
+        (0..chunks.states.len()).filter(|&i| chunks.states[i] == ChunkState::Missing).collect()
+    }
+
+    /// Claims the missing units of `first..first + count` for a background
+    /// fetch (readers of them wait for it, as for a prefetch); `None`
     /// when none is missing (a read or prefetch got there first).
     pub(crate) fn claim_replay(self: &Arc<Self>, first: usize, count: usize) -> Option<PrefetchClaim> {
         let mut chunks = self.lock();
@@ -618,21 +639,42 @@ impl LayerFile {
         (!claim.indices.is_empty()).then_some(claim)
     }
 
-    /// Marks a trace replay of this layer as running until the returned
-    /// guard drops (see [`LayerStats::trace_replays_running`]).
-    pub(crate) fn replay_running(self: &Arc<Self>) -> ReplayRunning {
-        self.counters.replays_running.fetch_add(1, Ordering::AcqRel);
-        ReplayRunning { file: Arc::clone(self) }
+    /// Marks a background fetch of this layer as running until the
+    /// returned guard drops (see [`LayerStats::trace_replays_running`] and
+    /// [`LayerStats::completion_running`]).
+    pub(crate) fn background_running(self: &Arc<Self>, kind: Background) -> BackgroundRunning {
+        self.running_gauge(kind).fetch_add(1, Ordering::AcqRel);
+        BackgroundRunning { file: Arc::clone(self), kind }
     }
 
-    /// Checks and stores what a trace replay fetched for `claim` (one
+    fn running_gauge(&self, kind: Background) -> &AtomicUsize {
+        match kind {
+            Background::TraceReplay => &self.counters.replays_running,
+            Background::Completion => &self.counters.completions_running,
+        }
+    }
+
+    /// Checks and stores what a background fetch got for `claim` (one
     /// result per claimed unit, in the claim's order) through the file's
     /// own descriptor: it was opened before the inode was ever marked, so
     /// its writes raise no event, also while the layer is mounted and
     /// marked. A unit that fails its check or its fetch goes back to
     /// missing for a read to fetch on demand (or fail with `EIO`); returns
     /// how many were stored.
-    pub(crate) fn store_replayed(&self, mut claim: PrefetchClaim, fetched: Vec<Result<Bytes, String>>) -> usize {
+    pub(crate) fn store_background(
+        &self,
+        kind: Background,
+        mut claim: PrefetchClaim,
+        fetched: Vec<Result<Bytes, String>>,
+    ) -> usize {
+        let (units, bytes, failed) = match kind {
+            Background::TraceReplay => {
+                (&self.counters.trace_units, &self.counters.trace_bytes, &self.counters.trace_failed)
+            }
+            Background::Completion => {
+                (&self.counters.completion_units, &self.counters.completion_bytes, &self.counters.completion_failed)
+            }
+        };
         let indices = claim.indices.clone();
         let mut results = fetched.into_iter();
         let mut stored = 0;
@@ -653,14 +695,14 @@ impl LayerFile {
                 Ok(len) => {
                     // Present first: a counter never runs ahead of the data.
                     claim.settle(index, ChunkState::Present);
-                    self.counters.trace_units.fetch_add(1, Ordering::Relaxed);
-                    self.counters.trace_bytes.fetch_add(u64::try_from(len).unwrap_or(u64::MAX), Ordering::Relaxed);
+                    units.fetch_add(1, Ordering::Relaxed);
+                    bytes.fetch_add(u64::try_from(len).unwrap_or(u64::MAX), Ordering::Relaxed);
                     stored += 1;
                 }
                 Err(e) => {
-                    tracing::warn!(layer = %self.hex, error = %e, "a replayed unit refused; a read will fetch it again");
+                    tracing::warn!(layer = %self.hex, ?kind, error = %e, "a unit fetched in the background refused; a read will fetch it again");
                     claim.settle(index, ChunkState::Missing);
-                    self.counters.trace_failed.fetch_add(1, Ordering::Relaxed);
+                    failed.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
@@ -917,6 +959,10 @@ impl LayerFile {
             traced_units: u64::try_from(self.trace_log().len()).unwrap_or(u64::MAX),
             traces_published: load(&self.counters.traces_published),
             trace_replays_running: self.counters.replays_running.load(Ordering::Acquire),
+            completion_units: load(&self.counters.completion_units),
+            completion_bytes: load(&self.counters.completion_bytes),
+            failed_completion_units: load(&self.counters.completion_failed),
+            completion_running: self.counters.completions_running.load(Ordering::Acquire),
             leases,
             mounted,
         }
@@ -972,15 +1018,16 @@ impl Drop for PrefetchClaim {
     }
 }
 
-/// A running trace replay of one layer; counted until dropped (when the
-/// replay ends, is aborted, or never started).
-pub(crate) struct ReplayRunning {
+/// A running background fetch of one layer; counted until dropped (when
+/// it ends, is aborted, or never started).
+pub(crate) struct BackgroundRunning {
     file: Arc<LayerFile>,
+    kind: Background,
 }
 
-impl Drop for ReplayRunning {
+impl Drop for BackgroundRunning {
     fn drop(&mut self) {
-        self.file.counters.replays_running.fetch_sub(1, Ordering::AcqRel);
+        self.file.running_gauge(self.kind).fetch_sub(1, Ordering::AcqRel);
     }
 }
 
