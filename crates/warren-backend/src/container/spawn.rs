@@ -528,6 +528,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_fork_the_zygote_refuses_fails_only_that_spawn_and_the_same_zygote_serves_the_next() {
+        let (cgroup, _cleanup) = test_cgroup("wt-refuse");
+        let dir = tempfile::tempdir().unwrap();
+        let zygote = InitZygote::new(init_binary());
+        // Not a cgroup2 directory: clone3's CLONE_INTO_CGROUP refuses it
+        // (EBADF), so the zygote answers that it could not fork.
+        let not_a_cgroup =
+            SpawnTarget { v1_tasks: Vec::new(), unified_dir: OwnedFd::from(fs::File::open(dir.path()).unwrap()) };
+        let refused = Layout::new(dir.path(), "refused");
+        fs::create_dir(refused.dir()).unwrap();
+        let error = zygote.spawn_init(bind_control(&refused).unwrap(), &not_a_cgroup, 0).err().unwrap();
+        assert!(error.to_string().contains("fork a first init in the zygote"), "{error}");
+        let answered = zygote.pid().expect("a zygote that answered is kept");
+
+        let served = Layout::new(dir.path(), "served");
+        fs::create_dir(served.dir()).unwrap();
+        let target = cgroup.spawn_target().unwrap();
+        let (mut first, mut setup) = zygote.spawn_init(bind_control(&served).unwrap(), &target, 0).unwrap();
+        assert!(matches!(setup.next().await.unwrap(), InitSays::UsernsReady));
+        assert_eq!(zygote.pid(), Some(answered), "the zygote that refused was not trusted with the next spawn");
+        first.kill();
+        first.wait().await.unwrap();
+        assert!(cgroup.pids("memory").unwrap().is_empty());
+    }
+
+    #[tokio::test]
     async fn a_dead_zygote_is_replaced_and_a_request_it_never_read_is_sent_again() {
         let (cgroup, _cleanup) = test_cgroup("wt-zygote");
         let dir = tempfile::tempdir().unwrap();
