@@ -229,26 +229,24 @@ def start_run(node: Node, image: str, workload: dict) -> dict:
 def layer_fetched(node: Node) -> tuple[int, dict]:
     """Bytes the node fetched, and what of them the metadata prefill took:
     metadata blob bytes, or whole chunks for layers stored without a blob.
-    The node's fetch after use (the pieces the widened window will reach
-    around what was read, or with `--complete-after-use` the whole rest of
-    the layer) starts when the run's sandbox ends; its bytes are not the
-    run's and are left out."""
+    A background completion (`--complete-after-use`) starts when the run's
+    sandbox ends; its bytes are not the run's and are left out."""
     layers = node.call("GET", "/v1/images/stats")["layers"]
     prefill = {"blob_bytes": sum(l.get("metadata_bytes_fetched", 0) for l in layers),
                "chunks": sum(l["metadata_chunks_fetched"] for l in layers)}
-    return sum(l["bytes_fetched"] - l.get("after_use_bytes", 0) for l in layers), prefill
+    return sum(l["bytes_fetched"] - l.get("completion_bytes", 0) for l in layers), prefill
 
 
-def wait_after_use(node: Node, timeout: float = 300.0) -> tuple[float, int]:
-    """Waits until no layer of the node is being fetched after use;
-    returns the seconds waited and the bytes those fetches took."""
+def wait_completions(node: Node, timeout: float = 300.0) -> tuple[float, int]:
+    """Waits until no layer of the node is being completed in the
+    background; returns the seconds waited and the bytes completions fetched."""
     start = time.monotonic()
     while True:
         layers = node.call("GET", "/v1/images/stats")["layers"]
-        if sum(l.get("after_use_running", 0) for l in layers) == 0:
-            return time.monotonic() - start, sum(l.get("after_use_bytes", 0) for l in layers)
+        if sum(l.get("completion_running", 0) for l in layers) == 0:
+            return time.monotonic() - start, sum(l.get("completion_bytes", 0) for l in layers)
         if time.monotonic() - start > timeout:
-            raise RuntimeError("timed out waiting for the layers' fetch after use")
+            raise RuntimeError("timed out waiting for the layers' background completion")
         time.sleep(0.1)
 
 
@@ -420,7 +418,7 @@ def main() -> int:
                 if args.fetched_only:
                     warm = hot = cold
                 else:
-                    completion = wait_after_use(node)
+                    completion = wait_completions(node) if args.complete_after_use else None
                     drop_page_cache()
                     warm = start_run(node, "lb", workload)
                     hot = start_run(node, "lb", workload)
@@ -566,15 +564,13 @@ def render(args, rows, notes) -> str:
         )
     completed = [r for r in rows if r.get("completion")]
     if completed:
-        what = ("the rest of each layer the cold run read" if args.complete_after_use
-                else "the pieces the widened window reaches around what the cold run read")
         lines += [
             "",
-            f"Once the cold run's sandbox ended the node fetched {what} in the background; the warm runs "
-            "start after that (the fetched columns leave those bytes out):",
+            "With `--complete-after-use` the node fetches the rest of each layer the cold run read once its "
+            "sandbox ended; the warm runs start after that (the fetched columns leave those bytes out):",
             "",
         ]
-        lines += [f"- {r['workload']}: {r['completion'][1] / 1e6:.0f} MB fetched after use, "
+        lines += [f"- {r['workload']}: {r['completion'][1] / 1e6:.0f} MB completed in the background, "
                   f"{r['completion'][0]:.1f} s waited after the cold run" for r in completed]
     traced_rows = [r for r in rows if r["traced"]]
     if traced_rows:

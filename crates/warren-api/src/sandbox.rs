@@ -572,21 +572,20 @@ pub struct LayerCacheStats {
     /// sandbox's workload; the replay counters are final at 0).
     #[serde(default)]
     pub trace_replays_running: u64,
-    /// Pieces fetched in the background once the node ran something from
-    /// the layer: those its widened readahead window reaches around what
-    /// was read, or with `warren serve --layer-complete-after-use` every
-    /// missing one (verified like a demand fill's; part of
+    /// With `warren serve --layer-complete-after-use`: pieces fetched
+    /// because the node completes the layer in the background once it ran
+    /// something from it (verified like a demand fill's; part of
     /// `chunks_fetched` and `bytes_fetched`), their bytes, and those
     /// refused (left for reads to fetch on demand).
     #[serde(default)]
-    pub after_use_units: u64,
+    pub completion_units: u64,
     #[serde(default)]
-    pub after_use_bytes: u64,
+    pub completion_bytes: u64,
     #[serde(default)]
-    pub failed_after_use_units: u64,
-    /// 1 while that fetch runs.
+    pub failed_completion_units: u64,
+    /// 1 while the layer's background completion runs.
     #[serde(default)]
-    pub after_use_running: u64,
+    pub completion_running: u64,
     /// Sandboxes (and pool members) using the layer now.
     pub leases: u64,
     pub mounted: bool,

@@ -81,10 +81,10 @@ pub const DEFAULT_READAHEAD_KB: u32 = 16;
 /// the layer (its last lease ended after reads), in KiB: the kernel's
 /// default. Chosen by the lazy-loading benchmark (`docs/images.md`).
 pub const DEFAULT_WARM_READAHEAD_KB: u32 = 128;
-/// Ranged GETs in flight while a layer is filled in the background after
-/// use: fewer than a trace replay's, since no reader is waiting for them
-/// and demand fills share the link.
-const AFTER_USE_REQUESTS: usize = 4;
+/// Ranged GETs in flight while a layer is completed in the background:
+/// fewer than a trace replay's, since no reader is waiting for them and
+/// demand fills share the link.
+const COMPLETION_REQUESTS: usize = 4;
 /// Held exclusively by the one cache that owns a directory.
 const LOCK_FILE: &str = ".lock";
 const HOLDER_RECORD: &str = "holder.json";
@@ -112,11 +112,10 @@ pub struct CacheConfig {
     /// the window they opened with.
     pub warm_readahead_kb: Option<u32>,
     /// Whether the cache fetches every missing unit of a layer in the
-    /// background once the node has run it (at the moment the window
-    /// widens, instead of only the units around what was read), so that
-    /// later reads need no event and no daemon at all: a complete layer is
-    /// unmarked. Costs the rest of the layer's bytes from the store, once
-    /// per node.
+    /// background once the node has run it (at the same moment the window
+    /// widens), so that later reads need no event and no daemon at all:
+    /// a complete layer is unmarked. Costs the rest of the layer's bytes
+    /// from the store, once per node.
     pub complete_after_use: bool,
     /// How far ahead of sequential readers the daemon fetches, and with how
     /// many requests in flight per layer (see `prefetch`).
@@ -198,27 +197,16 @@ pub struct LayerStats {
     /// Trace replays of the layer still running (0 or 1): the replay runs
     /// beside the layer's first readers, and its counters are final at 0.
     pub trace_replays_running: usize,
-    /// Units fetched in the background once the node ran the layer (the
-    /// reach of the wide window around what the narrow one read, or with
-    /// `complete_after_use` every missing unit; counted in `chunks_fetched`
-    /// and `bytes_fetched` too), their bytes, and those refused (left
-    /// missing).
-    pub after_use_units: u64,
-    pub after_use_bytes: u64,
-    pub failed_after_use_units: u64,
-    /// Such fetches of the layer still running (0 or 1).
-    pub after_use_running: usize,
+    /// Units fetched by the layer's background completion (counted in
+    /// `chunks_fetched` and `bytes_fetched` too), their bytes, and those
+    /// refused (left missing), with `complete_after_use`.
+    pub completion_units: u64,
+    pub completion_bytes: u64,
+    pub failed_completion_units: u64,
+    /// Background completions of the layer still running (0 or 1).
+    pub completion_running: usize,
     pub leases: usize,
     pub mounted: bool,
-}
-
-/// Every unit within `reach` of one of `units`, in order, below `count`.
-fn neighbours(units: &[usize], reach: usize, count: usize) -> Vec<usize> {
-    let mut near = BTreeSet::new();
-    for &unit in units {
-        near.extend(unit.saturating_sub(reach)..unit.saturating_add(reach + 1).min(count));
-    }
-    near.into_iter().collect()
 }
 
 /// Sets a layer mount's readahead window; failing only costs fetches or
@@ -978,21 +966,14 @@ impl Inner {
                     // (evicted) between the check and the write.
                     if entry.mounted && !entry.ran_here && file.was_read() {
                         entry.ran_here = true;
-                        let mut wanted = Vec::new();
                         if let Some(kb) = self.warm_readahead_kb {
                             set_window(hex, &self.mounts.join(hex), kb);
                             file.close_trace();
-                            // What the next run's wide windows will read
-                            // that the narrow ones skipped, fetched now
-                            // rather than while that run's reader waits.
-                            let reach = (u64::from(kb) * 1024 / 2).div_ceil(file.manifest().fetch_unit_size().max(1));
-                            let units = file.manifest().fetch_unit_digests().len();
-                            wanted = file.missing_of(&neighbours(&file.traced_units(), reach as usize, units));
                         }
                         if self.complete_after_use {
-                            wanted = file.missing_units();
+                            let missing = file.missing_units();
+                            self.fetch_in_background(file, missing, Background::Completion, COMPLETION_REQUESTS);
                         }
-                        self.fetch_in_background(file, wanted, Background::AfterUse, AFTER_USE_REQUESTS);
                     }
                 }
             }
@@ -1115,16 +1096,4 @@ fn digest_reading_through(path: &Path) -> Result<String> {
     }
     let hex: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
     Ok(format!("sha256:{hex}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::neighbours;
-
-    #[test]
-    fn neighbours_cover_the_reach_around_each_unit_inside_the_layer() {
-        assert_eq!(neighbours(&[5, 0, 20], 2, 21), [0, 1, 2, 3, 4, 5, 6, 7, 18, 19, 20]);
-        assert_eq!(neighbours(&[3], 0, 10), [3]);
-        assert!(neighbours(&[], 8, 10).is_empty());
-    }
 }

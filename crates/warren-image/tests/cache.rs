@@ -1375,40 +1375,6 @@ async fn a_layer_mount_widens_its_readahead_once_its_readers_let_go_and_a_comple
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn once_the_window_widens_the_units_it_will_reach_around_what_was_read_are_fetched_in_the_background() {
-    let fx = Fixture::new();
-    let layer = with_pieces(build_layer("reach", layer_files(37, 24)));
-    let source = TestSource::with(&[&layer]);
-    // 64 KiB wide: 32 KiB, two pieces, on each side of a read.
-    let config = CacheConfig { readahead_kb: Some(12), warm_readahead_kb: Some(64), ..fx.config(1 << 30) };
-    let cache = LayerCache::open_with(config, source.clone()).await.unwrap();
-    let lease = cache.acquire(&layer.manifest).await.unwrap();
-    let name = "data/file005";
-    let pieces = layer.pieces_of(name);
-    let first = *pieces.first().unwrap();
-    assert!(first >= 2);
-    // Readahead and prefetch go forward from a read, never back.
-    let before = [first - 2, first - 1];
-    assert_eq!(read(&lease.mount_path().join(name)).unwrap(), layer.files[name]);
-    let read_only = source.pieces_fetched(&layer);
-    assert!(before.iter().all(|p| !read_only.contains(p)), "{before:?} in {read_only:?}");
-    drop(lease);
-    eventually("the fetch after use to end", || {
-        let stats = &cache.stats()[0];
-        stats.after_use_units > 0 && stats.after_use_running == 0
-    })
-    .await;
-    let fetched = source.pieces_fetched(&layer);
-    assert!(before.iter().all(|p| fetched.contains(p)), "{before:?} not in {fetched:?}");
-    let far = layer.pieces_of("data/file020");
-    assert!(far.iter().all(|p| !fetched.contains(p)), "a file far from the read was fetched");
-    let stats = &cache.stats()[0];
-    assert_eq!(stats.failed_after_use_units, 0);
-    assert!(stats.present_bytes < layer.manifest.size);
-    cache.shutdown().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_complete_after_use_a_layer_the_node_ran_is_completed_in_the_background_and_read_without_events() {
     let fx = Fixture::new();
     let layer = with_pieces(build_layer("complete", layer_files(31, 4)));
@@ -1418,7 +1384,7 @@ async fn with_complete_after_use_a_layer_the_node_ran_is_completed_in_the_backgr
     // A use that read nothing (a pull) starts nothing.
     drop(cache.acquire(&layer.manifest).await.unwrap());
     let pulled = cache.stats()[0].clone();
-    assert_eq!((pulled.after_use_units, pulled.after_use_running), (0, 0));
+    assert_eq!((pulled.completion_units, pulled.completion_running), (0, 0));
     assert!(pulled.present_bytes < layer.manifest.size);
 
     let reader = cache.acquire(&layer.manifest).await.unwrap();
@@ -1428,13 +1394,13 @@ async fn with_complete_after_use_a_layer_the_node_ran_is_completed_in_the_backgr
     drop(reader);
     eventually("the layer to be completed", || {
         let stats = &cache.stats()[0];
-        stats.present_bytes == layer.manifest.size && stats.after_use_running == 0
+        stats.present_bytes == layer.manifest.size && stats.completion_running == 0
     })
     .await;
     let done = cache.stats()[0].clone();
-    assert!(done.after_use_units > 0 && done.after_use_bytes > 0, "{done:?}");
-    assert_eq!(done.failed_after_use_units, 0);
-    assert!(done.bytes_fetched >= done.after_use_bytes, "completion bytes are part of the fetched bytes");
+    assert!(done.completion_units > 0 && done.completion_bytes > 0, "{done:?}");
+    assert_eq!(done.failed_completion_units, 0);
+    assert!(done.bytes_fetched >= done.completion_bytes, "completion bytes are part of the fetched bytes");
     assert_eq!(fs::read(fx.cache_dir().join(format!("{}.erofs", &layer.manifest.digest[7..]))).unwrap(), layer.image);
 
     // Complete, the layer is unmarked: a read of data never read before

@@ -329,7 +329,7 @@ fn stats_text(st: &ImageStats) -> String {
         .iter()
         .map(|l| {
             format!(
-                "{}  {} of {} bytes local, {} fetched, {} leases; trace: {} units, {} replayed ({} bytes), {} refused, stored {}x; after use: {} units ({} bytes), {} refused{}",
+                "{}  {} of {} bytes local, {} fetched, {} leases; trace: {} units, {} replayed ({} bytes), {} refused, stored {}x; completion: {} units ({} bytes), {} refused{}",
                 &l.digest[..l.digest.len().min(19)],
                 l.present_bytes,
                 l.size_bytes,
@@ -340,10 +340,10 @@ fn stats_text(st: &ImageStats) -> String {
                 l.trace_bytes_replayed,
                 l.failed_trace_units,
                 l.traces_published,
-                l.after_use_units,
-                l.after_use_bytes,
-                l.failed_after_use_units,
-                if l.after_use_running > 0 { ", running" } else { "" }
+                l.completion_units,
+                l.completion_bytes,
+                l.failed_completion_units,
+                if l.completion_running > 0 { ", running" } else { "" }
             )
         })
         .collect();

@@ -99,11 +99,11 @@ struct Counters {
     traces_published: AtomicU64,
     /// Trace replays started and not ended (0 or 1: one per new layer).
     replays_running: AtomicUsize,
-    after_use_units: AtomicU64,
-    after_use_bytes: AtomicU64,
-    after_use_failed: AtomicU64,
-    /// Fetches after use started and not ended (0 or 1).
-    after_use_running: AtomicUsize,
+    completion_units: AtomicU64,
+    completion_bytes: AtomicU64,
+    completion_failed: AtomicU64,
+    /// Background completions started and not ended (0 or 1).
+    completions_running: AtomicUsize,
 }
 
 /// What a background fetch of a layer's units is for; each counts apart.
@@ -111,10 +111,9 @@ struct Counters {
 pub(crate) enum Background {
     /// The units the layer's stored access trace names (see `trace`).
     TraceReplay,
-    /// Once the node has run the layer: the units around what its readers
-    /// read, or every one still missing (see
+    /// Every unit still missing, once the node has run the layer (see
     /// `CacheConfig::complete_after_use`).
-    AfterUse,
+    Completion,
 }
 
 /// What one fill event cost, for attributing it to its reader.
@@ -590,11 +589,6 @@ impl LayerFile {
         self.trace.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The units the access trace holds, in first-access order.
-    pub(crate) fn traced_units(&self) -> Vec<usize> {
-        self.trace_log().units().to_vec()
-    }
-
     /// Ends the access trace's recording (see `trace`: the mount's window
     /// widened).
     pub(crate) fn close_trace(&self) {
@@ -647,7 +641,7 @@ impl LayerFile {
 
     /// Marks a background fetch of this layer as running until the
     /// returned guard drops (see [`LayerStats::trace_replays_running`] and
-    /// [`LayerStats::after_use_running`]).
+    /// [`LayerStats::completion_running`]).
     pub(crate) fn background_running(self: &Arc<Self>, kind: Background) -> BackgroundRunning {
         self.running_gauge(kind).fetch_add(1, Ordering::AcqRel);
         BackgroundRunning { file: Arc::clone(self), kind }
@@ -656,7 +650,7 @@ impl LayerFile {
     fn running_gauge(&self, kind: Background) -> &AtomicUsize {
         match kind {
             Background::TraceReplay => &self.counters.replays_running,
-            Background::AfterUse => &self.counters.after_use_running,
+            Background::Completion => &self.counters.completions_running,
         }
     }
 
@@ -677,8 +671,8 @@ impl LayerFile {
             Background::TraceReplay => {
                 (&self.counters.trace_units, &self.counters.trace_bytes, &self.counters.trace_failed)
             }
-            Background::AfterUse => {
-                (&self.counters.after_use_units, &self.counters.after_use_bytes, &self.counters.after_use_failed)
+            Background::Completion => {
+                (&self.counters.completion_units, &self.counters.completion_bytes, &self.counters.completion_failed)
             }
         };
         let indices = claim.indices.clone();
@@ -965,10 +959,10 @@ impl LayerFile {
             traced_units: u64::try_from(self.trace_log().len()).unwrap_or(u64::MAX),
             traces_published: load(&self.counters.traces_published),
             trace_replays_running: self.counters.replays_running.load(Ordering::Acquire),
-            after_use_units: load(&self.counters.after_use_units),
-            after_use_bytes: load(&self.counters.after_use_bytes),
-            failed_after_use_units: load(&self.counters.after_use_failed),
-            after_use_running: self.counters.after_use_running.load(Ordering::Acquire),
+            completion_units: load(&self.counters.completion_units),
+            completion_bytes: load(&self.counters.completion_bytes),
+            failed_completion_units: load(&self.counters.completion_failed),
+            completion_running: self.counters.completions_running.load(Ordering::Acquire),
             leases,
             mounted,
         }

@@ -131,10 +131,6 @@ impl TraceLog {
     pub(crate) fn len(&self) -> usize {
         self.order.len()
     }
-
-    pub(crate) fn units(&self) -> &[usize] {
-        &self.order
-    }
 }
 
 fn limit(units: usize) -> usize {
