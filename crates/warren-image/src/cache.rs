@@ -905,7 +905,6 @@ impl Inner {
             return;
         }
         let manifest = Arc::clone(file.manifest());
-        let source = Arc::clone(&self.shared.source);
         let shared = Arc::clone(&self.shared);
         let runs = daemon::piece_runs(&manifest, &wanted);
         let running = file.background_running(kind);
@@ -914,11 +913,12 @@ impl Inner {
             let _running = running;
             let stored: usize = futures_util::stream::iter(runs)
                 .map(|(first, count)| {
-                    let (file, source, manifest) = (Arc::clone(&layer), Arc::clone(&source), Arc::clone(&manifest));
+                    let (file, source, manifest) =
+                        (Arc::clone(&layer), Arc::clone(&shared.source), Arc::clone(&manifest));
                     async move {
                         // Claimed now, not when the fetch started: reads
                         // ahead of it fetch on demand meanwhile.
-                        let Some(claim) = file.claim_replay(first, count) else { return 0 };
+                        let Some(claim) = file.claim_background(first, count) else { return 0 };
                         // Only what was claimed: a read may have fetched
                         // part of the run meanwhile.
                         let mut fetched = Vec::with_capacity(claim.indices().len());

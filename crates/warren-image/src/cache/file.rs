@@ -93,17 +93,21 @@ struct Counters {
     prefetch_requests: AtomicU64,
     whole_file_fills: AtomicU64,
     whole_file_units: AtomicU64,
-    trace_units: AtomicU64,
-    trace_bytes: AtomicU64,
-    trace_failed: AtomicU64,
     traces_published: AtomicU64,
-    /// Trace replays started and not ended (0 or 1: one per new layer).
-    replays_running: AtomicUsize,
-    completion_units: AtomicU64,
-    completion_bytes: AtomicU64,
-    completion_failed: AtomicU64,
-    /// Background completions started and not ended (0 or 1).
-    completions_running: AtomicUsize,
+    /// Trace replays (0 or 1 running: one per new layer).
+    replay: BackgroundCounters,
+    /// Background completions (0 or 1 running).
+    completion: BackgroundCounters,
+}
+
+/// What one kind of background fetch stored, refused, and has running.
+#[derive(Debug, Default)]
+struct BackgroundCounters {
+    units: AtomicU64,
+    bytes: AtomicU64,
+    failed: AtomicU64,
+    /// Started and not ended.
+    running: AtomicUsize,
 }
 
 /// What a background fetch of a layer's units is for; each counts apart.
@@ -625,7 +629,7 @@ impl LayerFile {
     /// Claims the missing units of `first..first + count` for a background
     /// fetch (readers of them wait for it, as for a prefetch); `None`
     /// when none is missing (a read or prefetch got there first).
-    pub(crate) fn claim_replay(self: &Arc<Self>, first: usize, count: usize) -> Option<PrefetchClaim> {
+    pub(crate) fn claim_background(self: &Arc<Self>, first: usize, count: usize) -> Option<PrefetchClaim> {
         let mut chunks = self.lock();
         let end = first.saturating_add(count).min(chunks.states.len());
         let mut claim = PrefetchClaim { file: Arc::clone(self), indices: Vec::new() };
@@ -643,14 +647,14 @@ impl LayerFile {
     /// returned guard drops (see [`LayerStats::trace_replays_running`] and
     /// [`LayerStats::completion_running`]).
     pub(crate) fn background_running(self: &Arc<Self>, kind: Background) -> BackgroundRunning {
-        self.running_gauge(kind).fetch_add(1, Ordering::AcqRel);
+        self.background_counters(kind).running.fetch_add(1, Ordering::AcqRel);
         BackgroundRunning { file: Arc::clone(self), kind }
     }
 
-    fn running_gauge(&self, kind: Background) -> &AtomicUsize {
+    fn background_counters(&self, kind: Background) -> &BackgroundCounters {
         match kind {
-            Background::TraceReplay => &self.counters.replays_running,
-            Background::Completion => &self.counters.completions_running,
+            Background::TraceReplay => &self.counters.replay,
+            Background::Completion => &self.counters.completion,
         }
     }
 
@@ -667,14 +671,7 @@ impl LayerFile {
         mut claim: PrefetchClaim,
         fetched: Vec<Result<Bytes, String>>,
     ) -> usize {
-        let (units, bytes, failed) = match kind {
-            Background::TraceReplay => {
-                (&self.counters.trace_units, &self.counters.trace_bytes, &self.counters.trace_failed)
-            }
-            Background::Completion => {
-                (&self.counters.completion_units, &self.counters.completion_bytes, &self.counters.completion_failed)
-            }
-        };
+        let counters = self.background_counters(kind);
         let indices = claim.indices.clone();
         let mut results = fetched.into_iter();
         let mut stored = 0;
@@ -695,14 +692,14 @@ impl LayerFile {
                 Ok(len) => {
                     // Present first: a counter never runs ahead of the data.
                     claim.settle(index, ChunkState::Present);
-                    units.fetch_add(1, Ordering::Relaxed);
-                    bytes.fetch_add(u64::try_from(len).unwrap_or(u64::MAX), Ordering::Relaxed);
+                    counters.units.fetch_add(1, Ordering::Relaxed);
+                    counters.bytes.fetch_add(u64::try_from(len).unwrap_or(u64::MAX), Ordering::Relaxed);
                     stored += 1;
                 }
                 Err(e) => {
                     tracing::warn!(layer = %self.hex, ?kind, error = %e, "a unit fetched in the background refused; a read will fetch it again");
                     claim.settle(index, ChunkState::Missing);
-                    failed.fetch_add(1, Ordering::Relaxed);
+                    counters.failed.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
@@ -953,16 +950,16 @@ impl LayerFile {
             prefetch_requests_in_flight: self.prefetch.requests_in_flight(),
             whole_file_fills: load(&self.counters.whole_file_fills),
             whole_file_units: load(&self.counters.whole_file_units),
-            trace_units_replayed: load(&self.counters.trace_units),
-            trace_bytes_replayed: load(&self.counters.trace_bytes),
-            failed_trace_units: load(&self.counters.trace_failed),
+            trace_units_replayed: load(&self.counters.replay.units),
+            trace_bytes_replayed: load(&self.counters.replay.bytes),
+            failed_trace_units: load(&self.counters.replay.failed),
             traced_units: u64::try_from(self.trace_log().len()).unwrap_or(u64::MAX),
             traces_published: load(&self.counters.traces_published),
-            trace_replays_running: self.counters.replays_running.load(Ordering::Acquire),
-            completion_units: load(&self.counters.completion_units),
-            completion_bytes: load(&self.counters.completion_bytes),
-            failed_completion_units: load(&self.counters.completion_failed),
-            completion_running: self.counters.completions_running.load(Ordering::Acquire),
+            trace_replays_running: self.counters.replay.running.load(Ordering::Acquire),
+            completion_units: load(&self.counters.completion.units),
+            completion_bytes: load(&self.counters.completion.bytes),
+            failed_completion_units: load(&self.counters.completion.failed),
+            completion_running: self.counters.completion.running.load(Ordering::Acquire),
             leases,
             mounted,
         }
@@ -1027,7 +1024,7 @@ pub(crate) struct BackgroundRunning {
 
 impl Drop for BackgroundRunning {
     fn drop(&mut self) {
-        self.file.running_gauge(self.kind).fetch_sub(1, Ordering::AcqRel);
+        self.file.background_counters(self.kind).running.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
