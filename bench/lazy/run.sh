@@ -5,7 +5,7 @@
 # and writes bench/results/<date>-lazy-<rate>.md.
 #
 # Usage (root): bench/lazy/run.sh [--release] [--rate 1gbit] [--delay 1ms] [--chunk-size-bytes N]
-#                                 [--piece-size-bytes N] [--readahead-kb N] [--warm-readahead-kb N] [--complete-after-use] [--fetched-only]
+#                                 [--piece-size-bytes N] [--readahead-kb N] [--warm-readahead-kb N] [--no-complete-after-use] [--fetched-only]
 #                                 [--no-trace] [--warm-pairs N]
 set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -28,10 +28,10 @@ while [ $# -gt 0 ]; do
         --warm-readahead-kb) extra="$extra --warm-readahead-kb $2"; tag="$tag-wra$2"; shift 2 ;;
         --fetched-only) extra="$extra --fetched-only"; tag="$tag-fetched"; shift ;;
         --no-trace) extra="$extra --no-trace"; shift ;;
-        --complete-after-use) extra="$extra --complete-after-use"; tag="$tag-complete"; shift ;;
+        --no-complete-after-use) extra="$extra --no-complete-after-use"; tag="$tag-lazy"; shift ;;
         --warm-pairs) extra="$extra --warm-pairs $2"; shift 2 ;;
         --release) profile=release; shift ;;
-        *) echo "usage: $0 [--release] [--rate R] [--delay D] [--chunk-size-bytes N] [--piece-size-bytes N] [--readahead-kb N] [--warm-readahead-kb N] [--complete-after-use] [--fetched-only] [--no-trace] [--warm-pairs N]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--release] [--rate R] [--delay D] [--chunk-size-bytes N] [--piece-size-bytes N] [--readahead-kb N] [--warm-readahead-kb N] [--no-complete-after-use] [--fetched-only] [--no-trace] [--warm-pairs N]" >&2; exit 2 ;;
     esac
 done
 

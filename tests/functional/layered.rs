@@ -123,6 +123,17 @@ fn rootfs_with_data(server: &TestServer) -> std::path::PathBuf {
 
 const DATA_FILE_BYTES: u64 = 3 << 20;
 
+/// Imports [`rootfs_with_data`] as the layered image `databox`; returns the
+/// directory it was made from.
+async fn import_databox(server: &TestServer) -> std::path::PathBuf {
+    let rootfs = rootfs_with_data(server);
+    let (status, body) = server
+        .call(Method::POST, "/v1/images", Some(&json!({"name": "databox", "dir": rootfs, "format": "erofs"})))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    rootfs
+}
+
 async fn sandbox_image_stats(server: &TestServer, id: &str) -> warren_api::SandboxImageStats {
     let (status, body) = server.call(Method::GET, &format!("/v1/sandboxes/{id}/image-stats"), None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -132,11 +143,7 @@ async fn sandbox_image_stats(server: &TestServer, id: &str) -> warren_api::Sandb
 #[tokio::test]
 async fn per_sandbox_stats_show_the_first_reader_fetching_and_the_next_hitting_the_node_cache() {
     let server = TestServer::start().await;
-    let rootfs = rootfs_with_data(&server);
-    let (status, body) = server
-        .call(Method::POST, "/v1/images", Some(&json!({"name": "databox", "dir": rootfs, "format": "erofs"})))
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+    import_databox(&server).await;
 
     let first = server.create(small(json!({"image": "databox"}))).await;
     server.sh_ok(&first.id, "cat /data/a.bin > /dev/null").await;
@@ -173,6 +180,44 @@ async fn per_sandbox_stats_show_the_first_reader_fetching_and_the_next_hitting_t
 
     let (status, body) = server.call(Method::GET, "/v1/sandboxes/sb-0000000000000000/image-stats", None).await;
     assert_api_error(status, &body, warren_api::ErrorCode::NotFound, None);
+    server.finish().await;
+}
+
+/// The node's default: once a sandbox that read from a layer has ended, the
+/// rest of the layer is fetched in the background, and the next sandbox
+/// reads data nobody read before without fetching anything.
+#[tokio::test]
+async fn by_default_a_layer_the_node_ran_is_completed_after_its_sandbox_ended() {
+    let server = TestServer::start().await;
+    let rootfs = import_databox(&server).await;
+
+    let first = server.create(small(json!({"image": "databox"}))).await;
+    server.sh_ok(&first.id, "cat /data/a.bin > /dev/null").await;
+    let read = layer_stats(&server).await;
+    assert!(read[0].present_bytes < read[0].size_bytes, "one file read leaves the layer incomplete: {read:?}");
+    assert_eq!(read[0].completion_units, 0, "nothing is completed while the reader lives: {read:?}");
+    server.delete(&first.id).await;
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let done = loop {
+        let l = layer_stats(&server).await.first().cloned().expect("the layer stays cached");
+        if l.present_bytes == l.size_bytes && l.completion_running == 0 {
+            break l;
+        }
+        assert!(std::time::Instant::now() < deadline, "the layer was not completed: {l:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(done.completion_units > 0 && done.completion_bytes >= DATA_FILE_BYTES, "{done:?}");
+    assert_eq!((done.failed_completion_units, done.failed_fills), (0, 0), "{done:?}");
+
+    // Complete, the layer serves a file nobody read before from the node.
+    let second = server.create(small(json!({"image": "databox"}))).await;
+    let want = std::process::Command::new("sha256sum").arg(rootfs.join("data/b.bin")).output().unwrap();
+    let want = String::from_utf8_lossy(&want.stdout).split_whitespace().next().unwrap_or_default().to_string();
+    let got = server.sh_ok(&second.id, "sha256sum /data/b.bin").await;
+    assert_eq!(got.split_whitespace().next(), Some(want.as_str()));
+    assert_eq!(sandbox_image_stats(&server, &second.id).await.bytes_fetched, 0, "nothing was fetched for it");
+    assert_eq!(layer_stats(&server).await[0].bytes_fetched, done.bytes_fetched);
     server.finish().await;
 }
 

@@ -572,7 +572,7 @@ pub struct LayerCacheStats {
     /// sandbox's workload; the replay counters are final at 0).
     #[serde(default)]
     pub trace_replays_running: u64,
-    /// With `warren serve --layer-complete-after-use`: pieces fetched
+    /// Unless `warren serve --layer-complete-after-use=false`: pieces fetched
     /// because the node completes the layer in the background once it ran
     /// something from it (verified like a demand fill's; part of
     /// `chunks_fetched` and `bytes_fetched`), their bytes, and those

@@ -115,7 +115,8 @@ pub struct CacheConfig {
     /// background once the node has run it (at the same moment the window
     /// widens), so that later reads need no event and no daemon at all:
     /// a complete layer is unmarked. Costs the rest of the layer's bytes
-    /// from the store, once per node.
+    /// from the store, once per node. Off in `CacheConfig::new`; the node
+    /// turns it on by default (its policy, not the cache's).
     pub complete_after_use: bool,
     /// How far ahead of sequential readers the daemon fetches, and with how
     /// many requests in flight per layer (see `prefetch`).

@@ -25,6 +25,13 @@ const TAG: &str = "latest";
 const HOLDER_RECORD: &str = "holder.json";
 /// Default size bound of the node's layer cache.
 pub const DEFAULT_CACHE_BYTES: u64 = 32 << 30;
+/// A node completes a layer in the background once a sandbox that read
+/// from it has ended: the node that ran an image once is the node that will
+/// run it a thousand times (an RL trainer's shape), and a complete layer is
+/// read at plain-directory speed with no fill daemon in the path. The cost,
+/// the rest of the layer once per node, is what an eager pull pays before
+/// the first start; `--layer-complete-after-use=false` turns it off.
+pub const DEFAULT_LAYER_COMPLETE_AFTER_USE: bool = true;
 
 /// Where layered images' chunks live and how big new chunks are.
 #[derive(Debug, Clone, Default)]
@@ -46,8 +53,9 @@ pub struct BlobStoreConfig {
     /// `warren_image::cache::DEFAULT_WARM_READAHEAD_KB`; 0 = keep the first).
     pub layer_warm_readahead_kb: Option<u32>,
     /// Whether the node fetches the rest of a layer in the background once
-    /// it has run something from it (default off).
-    pub layer_complete_after_use: bool,
+    /// it has run something from it (default
+    /// [`DEFAULT_LAYER_COMPLETE_AFTER_USE`]).
+    pub layer_complete_after_use: Option<bool>,
     /// Prefetch, whole-small-file fetch and access-trace settings of the
     /// node's layer cache (`warren serve --layer-*`; default
     /// `PrefetchConfig::default()`).
@@ -112,7 +120,7 @@ impl LayeredImages {
                 Some(kb) => Some(kb),
                 None => Some(warren_image::cache::DEFAULT_WARM_READAHEAD_KB),
             },
-            complete_after_use: store.layer_complete_after_use,
+            complete_after_use: store.layer_complete_after_use.unwrap_or(DEFAULT_LAYER_COMPLETE_AFTER_USE),
             ..CacheConfig::new(data_dir.join("layer-cache"), cache_bytes).map_err(|e| image_err("layer cache", e))?
         };
         let scratch = data_dir.join("tmp");
@@ -534,7 +542,7 @@ mod tests {
         let store = BlobStoreConfig {
             layer_readahead_kb: Some(64),
             layer_warm_readahead_kb: Some(0),
-            layer_complete_after_use: true,
+            layer_complete_after_use: Some(false),
             layer_prefetch: prefetch,
             layer_fill_threads: Some(6),
             ..BlobStoreConfig::default()
@@ -545,7 +553,7 @@ mod tests {
         assert_eq!(images.config.fill_threads, 6);
         assert_eq!(images.config.readahead_kb, Some(64));
         assert_eq!(images.config.warm_readahead_kb, None);
-        assert!(images.config.complete_after_use);
+        assert!(!images.config.complete_after_use);
         // Nothing opened the cache: no holder was started.
         assert!(images.cache.get().is_none());
 
@@ -561,6 +569,6 @@ mod tests {
         assert_eq!(defaults.config.fill_threads, warren_image::cache::DEFAULT_FILL_THREADS);
         assert_eq!(defaults.config.readahead_kb, Some(warren_image::cache::DEFAULT_READAHEAD_KB));
         assert_eq!(defaults.config.warm_readahead_kb, Some(warren_image::cache::DEFAULT_WARM_READAHEAD_KB));
-        assert!(!defaults.config.complete_after_use);
+        assert_eq!(defaults.config.complete_after_use, DEFAULT_LAYER_COMPLETE_AFTER_USE);
     }
 }

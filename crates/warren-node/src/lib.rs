@@ -65,7 +65,7 @@ pub use exec::{ExecEntry, StdinError};
 pub use files::FileError;
 pub use function::FunctionPoolSpec;
 pub use landlock_audit::{LandlockAuditError, LandlockAuditMode};
-pub use layered::{BlobStoreConfig, DEFAULT_CACHE_BYTES};
+pub use layered::{BlobStoreConfig, DEFAULT_CACHE_BYTES, DEFAULT_LAYER_COMPLETE_AFTER_USE};
 pub use network::{builtin_presets, NetworkOptions};
 pub use pool::PoolSpec;
 pub use projects::LiveProject;

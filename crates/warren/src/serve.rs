@@ -82,9 +82,10 @@ pub struct ServeArgs {
     /// Once a sandbox that read from a layer has ended on this node, fetch
     /// the rest of the layer in the background; a complete layer is read
     /// with no fill daemon in the path. Costs the layer's remaining bytes
-    /// from the store, once per node.
-    #[arg(long)]
-    pub layer_complete_after_use: bool,
+    /// from the store, once per node. On by default;
+    /// `--layer-complete-after-use=false` keeps layers lazy for good.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub layer_complete_after_use: Option<bool>,
     /// How far ahead of a sequential reader of a lazily filled layer the
     /// node fetches, in KiB (0 = no prefetch).
     #[arg(long, default_value_t = warren_image::cache::DEFAULT_PREFETCH_KB)]
@@ -225,7 +226,7 @@ impl ServeArgs {
             piece_size_bytes: None,
             layer_readahead_kb: None,
             layer_warm_readahead_kb: None,
-            layer_complete_after_use: false,
+            layer_complete_after_use: None,
             layer_prefetch_kb: warren_image::cache::DEFAULT_PREFETCH_KB,
             layer_prefetch_requests: warren_image::cache::DEFAULT_PREFETCH_REQUESTS,
             layer_whole_file_kb: warren_image::cache::DEFAULT_WHOLE_FILE_KB,
@@ -675,7 +676,7 @@ mod tests {
             "32",
             "--layer-warm-readahead-kb",
             "256",
-            "--layer-complete-after-use",
+            "--layer-complete-after-use=false",
         ]);
         assert_eq!(
             config.layer_prefetch,
@@ -684,6 +685,9 @@ mod tests {
         assert_eq!(config.layer_fill_threads, Some(7));
         assert_eq!(config.layer_readahead_kb, Some(32));
         assert_eq!(config.layer_warm_readahead_kb, Some(256));
-        assert!(config.layer_complete_after_use);
+        assert_eq!(config.layer_complete_after_use, Some(false));
+        // Bare, the flag says yes; absent, the node's default holds.
+        assert_eq!(blob_store(&["--layer-complete-after-use"]).layer_complete_after_use, Some(true));
+        assert_eq!(blob_store(&[]).layer_complete_after_use, None);
     }
 }
