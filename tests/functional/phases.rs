@@ -287,10 +287,10 @@ async fn phase_changes_appear_in_the_event_timeline() {
     server.finish().await;
 }
 
-/// The pid `find` prints once it prints exactly one: a leader that was
-/// retired (its channel closed by a phase switch) or killed is still seen,
-/// until it has exited and been reaped, for a moment after the call that
-/// replaced it answered.
+/// The pid `find` prints once it prints exactly one: a killed leader is
+/// still seen, until it has exited and been reaped, for a moment after the
+/// exec that killed it answered (a retired one is not: a phase switch
+/// waits for it).
 async fn the_only_leader(server: &TestServer, id: &str, find: &str) -> String {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -301,6 +301,44 @@ async fn the_only_leader(server: &TestServer, id: &str, find: &str) -> String {
         assert!(tokio::time::Instant::now() < deadline, "one leader: {found:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Host pids of the sandbox's phase leaders, zombies included: the
+/// children of its PID 1 named `phase-leader`.
+fn leaders_seen_from_the_host(instance: &str, id: &str) -> Vec<i32> {
+    let pid1 = sandbox_pid1(instance, id).expect("the sandbox's PID 1");
+    let mut leaders: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { return false };
+            let ppid = stat[close + 1..].split_whitespace().nth(1).and_then(|p| p.parse::<i32>().ok());
+            &stat[open + 1..close] == "phase-leader" && ppid == Some(pid1)
+        })
+        .collect();
+    leaders.sort_unstable();
+    leaders
+}
+
+/// A switch answers once the old phase's leader has exited and been
+/// reaped: right after the answer the sandbox has exactly one leader, the
+/// new phase's.
+#[tokio::test]
+async fn a_phase_switch_answers_once_the_old_leader_is_gone() {
+    let server = TestServer::start().await;
+    let sb = sandbox_with_answers(&server).await;
+    let mut before = leaders_seen_from_the_host(&server.instance, &sb.id);
+    assert_eq!(before.len(), 1, "one leader after the create: {before:?}");
+    for (name, kill_running) in [("rollout", true), ("grade", false), ("rollout", false), ("grade", true)] {
+        set_phase(&server, &sb.id, name, kill_running).await;
+        let after = leaders_seen_from_the_host(&server.instance, &sb.id);
+        assert_eq!(after.len(), 1, "one leader right after the switch to {name}: {after:?}");
+        assert_ne!(after, before, "the switch to {name} started a new leader");
+        before = after;
+    }
+    server.finish().await;
 }
 
 #[tokio::test]

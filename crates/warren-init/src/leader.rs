@@ -86,6 +86,9 @@ const MAX_MESSAGE_BYTES: u32 = 16 << 20;
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long PID 1 waits for a new leader to build and enforce its ruleset.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a retired leader gets to exit on its closed channel before it
+/// is killed, and then to be reaped.
+const RETIRE_GRACE: Duration = Duration::from_secs(1);
 
 /// PID 1 -> leader: start one process.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -282,6 +285,19 @@ impl Leader {
     /// of the sandbox; the reaper collects it).
     pub fn kill(&self, registry: &Registry) {
         registry.signal_unreaped(self.pid, libc::SIGKILL);
+    }
+
+    /// Ends the leader and waits until it has been reaped, so that the
+    /// switch that retires it answers with only the new phase's leader in
+    /// the sandbox. Closing the channel ends it; one that has not exited
+    /// within `RETIRE_GRACE` is killed, and waited for as long again.
+    pub fn retire(self, registry: &Registry) {
+        let Leader { pid, channel, _exit: exit, .. } = self;
+        drop(channel);
+        if exit.wait_reaped(RETIRE_GRACE).is_none() {
+            registry.signal_unreaped(pid, libc::SIGKILL);
+            exit.wait_reaped(RETIRE_GRACE);
+        }
     }
 }
 

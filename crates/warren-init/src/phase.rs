@@ -7,7 +7,8 @@
 //! fork, and nothing of an earlier phase, which may have had looser rights,
 //! lives on into the new one. Then it starts the new phase's leader (a
 //! ruleset that cannot be built leaves the old phase current), makes it
-//! current and retires the old leader. Without `kill_running`, running
+//! current and retires the old leader: the switch answers once that leader
+//! has exited and been reaped. Without `kill_running`, running
 //! processes keep the domain (the rights) of the phase they started in.
 
 use std::io;
@@ -102,8 +103,10 @@ impl Phases {
             false => 0,
         };
         let leader = Leader::start(&self.registry, self.self_exe.as_fd(), &rules)?;
-        // Closing its channel ends the old leader.
-        drop(std::mem::replace(&mut *current, Current { rules, leader: Some(leader) }));
+        let old = std::mem::replace(&mut *current, Current { rules, leader: Some(leader) });
+        if let Some(old_leader) = old.leader {
+            old_leader.retire(&self.registry);
+        }
         Ok(killed)
     }
 }

@@ -32,6 +32,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
+use std::time::Duration;
 
 use crate::sys;
 
@@ -92,6 +93,24 @@ impl ExitWaiter {
                 Registry::reap_locked(inner, self.pid);
             }
         }
+    }
+
+    /// Waits up to `timeout` for the process to exit and be reaped, here
+    /// on its pidfd (without one, by the reaper); its report if it came
+    /// in time.
+    pub fn wait_reaped(&self, timeout: Duration) -> Option<ExitReport> {
+        let Some(pidfd) = &self.pidfd else { return self.report.recv_timeout(timeout).ok() };
+        let limit = rustix::time::Timespec {
+            tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        let mut fds = [rustix::event::PollFd::new(pidfd, rustix::event::PollFlags::IN)];
+        if matches!(rustix::event::poll(&mut fds, Some(&limit)), Ok(1)) {
+            self.reap_now();
+        }
+        // Reaped here or by the reaper, the report was sent before either
+        // let go of the registry's lock.
+        self.report.try_recv().ok()
     }
 }
 
@@ -285,6 +304,13 @@ mod tests {
             assert_eq!(waiter.report.recv().unwrap().exit_code, Some(code));
             assert!(waiter.report.try_recv().is_err());
         }
+        // A bounded wait (a retired phase leader's): nothing while the
+        // process runs, its report once it has ended.
+        let (_, waiter) = spawn("/bin/sleep", &["30"]).unwrap();
+        assert!(waiter.wait_reaped(Duration::from_millis(50)).is_none());
+        registry.signal_unreaped(waiter.pid, libc::SIGKILL);
+        let report = waiter.wait_reaped(Duration::from_secs(30)).expect("reaped once killed");
+        assert_eq!(report.signal, Some(libc::SIGKILL));
     }
 
     #[test]
