@@ -184,13 +184,16 @@ async fn per_sandbox_stats_show_the_first_reader_fetching_and_the_next_hitting_t
 }
 
 /// The node's default: once a sandbox that read from a layer has ended, the
-/// rest of the layer is fetched in the background, and the next sandbox
-/// reads data nobody read before without fetching anything.
+/// rest of the layer is fetched in the background - also while another
+/// sandbox holds the layer throughout, as a warm pool's idle members do -
+/// and the next sandbox reads data nobody read before without fetching
+/// anything.
 #[tokio::test]
 async fn by_default_a_layer_the_node_ran_is_completed_after_its_sandbox_ended() {
     let server = TestServer::start().await;
     let rootfs = import_databox(&server).await;
 
+    let idle = server.create(small(json!({"image": "databox"}))).await;
     let first = server.create(small(json!({"image": "databox"}))).await;
     server.sh_ok(&first.id, "cat /data/a.bin > /dev/null").await;
     let read = layer_stats(&server).await;
@@ -218,6 +221,7 @@ async fn by_default_a_layer_the_node_ran_is_completed_after_its_sandbox_ended() 
     assert_eq!(got.split_whitespace().next(), Some(want.as_str()));
     assert_eq!(sandbox_image_stats(&server, &second.id).await.bytes_fetched, 0, "nothing was fetched for it");
     assert_eq!(layer_stats(&server).await[0].bytes_fetched, done.bytes_fetched);
+    assert_eq!(server.sh_ok(&idle.id, "head -c 5 /etc/group").await, "root:", "the idle sandbox lived throughout");
     server.finish().await;
 }
 

@@ -78,7 +78,7 @@ pub const DEFAULT_FILL_THREADS: usize = 4;
 /// the lazy-loading benchmark (`docs/images.md`).
 pub const DEFAULT_READAHEAD_KB: u32 = 16;
 /// Readahead window of a layer mount once the node has run something from
-/// the layer (its last lease ended after reads), in KiB: the kernel's
+/// the layer (a lease during whose life it was read ended), in KiB: the kernel's
 /// default. Chosen by the lazy-loading benchmark (`docs/images.md`).
 pub const DEFAULT_WARM_READAHEAD_KB: u32 = 128;
 /// Ranged GETs in flight while a layer is completed in the background:
@@ -106,8 +106,9 @@ pub struct CacheConfig {
     /// Readahead window set on each layer mount the cache makes (KiB);
     /// `None` keeps the kernel's default.
     pub readahead_kb: Option<u32>,
-    /// Window the mount gets instead once the layer's last lease ends after
-    /// a reader raised events on it, and from the start for a complete
+    /// Window the mount gets instead once a lease during whose life readers
+    /// raised events on the layer ends (other leases may live on), and
+    /// from the start for a complete
     /// layer (KiB); `None` keeps the first window. Files already open keep
     /// the window they opened with.
     pub warm_readahead_kb: Option<u32>,
@@ -235,6 +236,8 @@ pub struct LayerLease {
     digest: String,
     mount: PathBuf,
     file: PathBuf,
+    /// The layer's fill events when the lease was made (see `release`).
+    events_at_start: u64,
 }
 
 impl LayerLease {
@@ -255,7 +258,7 @@ impl LayerLease {
 
 impl Drop for LayerLease {
     fn drop(&mut self) {
-        self.inner.release(&self.hex);
+        self.inner.release(&self.hex, self.events_at_start);
     }
 }
 
@@ -299,7 +302,7 @@ impl LayerCache {
     async fn acquire_in_turn(&self, manifest: &LayerManifest, hex: &str) -> Result<LayerLease> {
         let inner = &self.inner;
         let (file, created, replay) = match inner.claim(hex, manifest)? {
-            Claimed::Leased => return Ok(inner.lease(hex)),
+            Claimed::Leased { events } => return Ok(inner.lease(hex, events)),
             Claimed::OnDisk(file) => match self.prepare(&file, false).await {
                 Ok(_) => (file, false, None),
                 Err(e) => {
@@ -537,8 +540,9 @@ struct Entry {
 }
 
 enum Claimed {
-    /// Already mounted; a lease was counted.
-    Leased,
+    /// Already mounted; a lease was counted, when the layer had seen
+    /// `events` fill events.
+    Leased { events: u64 },
     /// On disk from before but not mounted.
     OnDisk(Arc<LayerFile>),
     /// Room was made and the entry reserved; the file is to be created.
@@ -748,7 +752,7 @@ impl Inner {
             if entry.mounted {
                 entry.leases += 1;
                 entry.last_used = now;
-                return Ok(Claimed::Leased);
+                return Ok(Claimed::Leased { events: entry.file.as_ref().map_or(0, |f| f.fill_events()) });
             }
             if let Some(file) = &entry.file {
                 entry.busy = true;
@@ -855,6 +859,7 @@ impl Inner {
     }
 
     fn finish(self: &Arc<Self>, hex: &str, file: Arc<LayerFile>, complete: bool) -> LayerLease {
+        let events = file.fill_events();
         let mut table = self.table();
         table.clock += 1;
         let now = table.clock;
@@ -867,7 +872,7 @@ impl Inner {
             entry.last_used = now;
         }
         drop(table);
-        self.lease(hex)
+        self.lease(hex, events)
     }
 
     /// Undoes a failed acquire: a layer it created goes entirely; one that
@@ -882,8 +887,9 @@ impl Inner {
         }
     }
 
-    fn lease(self: &Arc<Self>, hex: &str) -> LayerLease {
+    fn lease(self: &Arc<Self>, hex: &str, events_at_start: u64) -> LayerLease {
         LayerLease {
+            events_at_start,
             inner: Arc::clone(self),
             hex: hex.to_owned(),
             digest: format!("sha256:{hex}"),
@@ -953,28 +959,36 @@ impl Inner {
         });
     }
 
-    fn release(&self, hex: &str) {
+    /// Ends a lease made when the layer had seen `events_at_start` fill
+    /// events. If the layer was read during the lease's life, a sandbox
+    /// ran from it here: the first such end widens the mount's window,
+    /// closes the access trace and starts the completion - whether or not
+    /// other leases live on, since a warm pool's idle members or
+    /// overlapping rollouts can hold one at all times. (The reads may be
+    /// another sandbox's; a lease that saw none, a pull's, starts nothing.)
+    fn release(&self, hex: &str, events_at_start: u64) {
         let mut table = self.table();
         table.clock += 1;
         let now = table.clock;
         if let Some(entry) = table.entries.get_mut(hex) {
             entry.leases = entry.leases.saturating_sub(1);
             entry.last_used = now;
-            if entry.leases == 0 {
-                if let Some(file) = &entry.file {
+            if let Some(file) = &entry.file {
+                let ran = entry.mounted && !entry.ran_here && file.fill_events() > events_at_start;
+                if entry.leases == 0 || ran {
                     self.publish_trace(file);
-                    // Under the table's lock, so the mount cannot go
-                    // (evicted) between the check and the write.
-                    if entry.mounted && !entry.ran_here && file.was_read() {
-                        entry.ran_here = true;
-                        if let Some(kb) = self.warm_readahead_kb {
-                            set_window(hex, &self.mounts.join(hex), kb);
-                            file.close_trace();
-                        }
-                        if self.complete_after_use {
-                            let missing = file.missing_units();
-                            self.fetch_in_background(file, missing, Background::Completion, COMPLETION_REQUESTS);
-                        }
+                }
+                // Under the table's lock, so the mount cannot go (evicted)
+                // between the check and the write.
+                if ran {
+                    entry.ran_here = true;
+                    if let Some(kb) = self.warm_readahead_kb {
+                        set_window(hex, &self.mounts.join(hex), kb);
+                        file.close_trace();
+                    }
+                    if self.complete_after_use {
+                        let missing = file.missing_units();
+                        self.fetch_in_background(file, missing, Background::Completion, COMPLETION_REQUESTS);
                     }
                 }
             }

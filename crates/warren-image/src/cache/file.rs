@@ -277,10 +277,11 @@ impl LayerFile {
         chunks.present == chunks.states.len()
     }
 
-    /// Whether a reader of the mount has raised an event on the layer since
-    /// this cache opened it: something ran from it here.
-    pub(crate) fn was_read(&self) -> bool {
-        self.counters.fill_events.load(Ordering::Relaxed) > 0
+    /// Fill events readers of the mount have raised on the layer since this
+    /// cache opened it; a lease notes it when made, so its release can tell
+    /// whether the layer was read during its life.
+    pub(crate) fn fill_events(&self) -> u64 {
+        self.counters.fill_events.load(Ordering::Relaxed)
     }
 
     /// True the first time it is called on a complete layer: the moment to

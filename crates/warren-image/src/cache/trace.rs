@@ -26,7 +26,8 @@
 //!   and puts its claimed units back to missing.
 //! - A node seeds its log with the trace it replayed, so what it publishes
 //!   is the union of that trace and its own reads; it publishes when a
-//!   layer's last lease goes and only if it recorded units beyond what it
+//!   layer's last lease goes, or a lease that saw reads ends (the trace
+//!   closes then, see below), and only if it recorded units beyond what it
 //!   replayed or published. Nodes racing overwrite each other (a hint).
 //! - Only demand reads are recorded (the event's range), not prefetches or
 //!   whole-file widenings: those are re-derived on the next node from the
