@@ -78,3 +78,32 @@ fn cgroups_of_dead_test_processes_are_swept_and_live_ones_kept() {
     std::fs::remove_dir(live.join("sb-left")).expect("remove the sandbox cgroup");
     std::fs::remove_dir(&live).expect("remove the instance cgroup");
 }
+
+/// The same for temp dirs: a dead test process's `warren-test-*` dir is
+/// unmounted and removed, a live one's kept.
+#[test]
+fn temp_dirs_of_dead_test_processes_are_unmounted_and_removed_and_live_ones_kept() {
+    let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+    let dead = child.id();
+    child.wait().expect("reap true");
+    let parent = tempfile::tempdir().expect("make a parent dir");
+    let make = |name: &str, owner: u32| {
+        let dir = parent.path().join(name);
+        let sandbox_root = dir.join("data/run/sb-left");
+        std::fs::create_dir_all(&sandbox_root).expect("make the dirs");
+        std::fs::write(dir.join(leaks::OWNER_FILE), owner.to_string()).expect("write the owner file");
+        rustix::mount::mount("tmpfs", &sandbox_root, "tmpfs", rustix::mount::MountFlags::empty(), None)
+            .expect("mount a tmpfs");
+        dir
+    };
+    let dead_dir = make("warren-test-dead", dead);
+    let live_dir = make("warren-test-live", std::process::id());
+    leaks::sweep_dead_test_dirs(parent.path());
+    assert!(leaks::mounts_under(&dead_dir).is_empty(), "a dead test process's mount survived the sweep");
+    assert!(!dead_dir.exists(), "a dead test process's temp dir survived the sweep");
+    assert_eq!(leaks::mounts_under(&live_dir).len(), 1, "the sweep unmounted a live process's sandbox root");
+    assert!(live_dir.join(leaks::OWNER_FILE).is_file(), "the sweep removed a live process's temp dir");
+    for point in leaks::mounts_under(&live_dir) {
+        rustix::mount::unmount(&point, rustix::mount::UnmountFlags::DETACH).expect("unmount the live tmpfs");
+    }
+}

@@ -271,6 +271,32 @@ pub fn sweep_dead_test_instances() {
     }
 }
 
+/// In a test server's temp dir: the pid of the test process that made it.
+pub const OWNER_FILE: &str = "owner-pid";
+
+/// Removes the temp dirs (`warren-test-*` in `parent`) of dead test
+/// processes, as [`OWNER_FILE`] names them: their mounts (sandbox roots and
+/// their tmpfs uppers, layer mounts) are detached, then the dirs deleted. A
+/// test process killed from outside never drops its temp dir, and no later
+/// server uses that dir again, so nothing else would. Dirs of live
+/// processes, and dirs without an owner file, are left alone.
+pub fn sweep_dead_test_dirs(parent: &Path) {
+    for dir in dir_entries(parent) {
+        let is_test_dir = dir.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("warren-test-"));
+        let owner = fs::read_to_string(dir.join(OWNER_FILE)).ok().and_then(|o| o.trim().parse::<u32>().ok());
+        let Some(pid) = owner.filter(|_| is_test_dir) else { continue };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        for point in mounts_under(&dir) {
+            let _ = unmount(&point, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW);
+        }
+        if mounts_under(&dir).is_empty() {
+            let _ = fs::remove_dir_all(&dir);
+        }
+    }
+}
+
 /// `wt-<pid>-<n>` (from a cgroup directory named so, or with a driver's
 /// suffix) when `<pid>` is not a live process.
 fn dead_test_instance(name: &str) -> Option<String> {

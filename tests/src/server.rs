@@ -134,8 +134,12 @@ impl TestServer {
     /// Like [`TestServer::start`], launched as `launch` says.
     pub async fn start_launched(launch: Launch) -> TestServer {
         static SWEEP: std::sync::Once = std::sync::Once::new();
-        SWEEP.call_once(leaks::sweep_dead_test_instances);
+        SWEEP.call_once(|| {
+            leaks::sweep_dead_test_instances();
+            leaks::sweep_dead_test_dirs(&std::env::temp_dir());
+        });
         let dir = tempfile::Builder::new().prefix("warren-test-").tempdir().expect("make a temp dir");
+        fs::write(dir.path().join(leaks::OWNER_FILE), std::process::id().to_string()).expect("write the owner file");
         // Like /var/lib: the sandbox's ids must be able to traverse to its root.
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod the temp dir");
         rootfs::build_busybox_rootfs(&dir.path().join("rootfs")).expect("build the busybox rootfs");
