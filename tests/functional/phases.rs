@@ -307,19 +307,7 @@ async fn the_only_leader(server: &TestServer, id: &str, find: &str) -> String {
 /// children of its PID 1 named `phase-leader`.
 fn leaders_seen_from_the_host(instance: &str, id: &str) -> Vec<i32> {
     let pid1 = sandbox_pid1(instance, id).expect("the sandbox's PID 1");
-    let mut leaders: Vec<i32> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { return false };
-            let ppid = stat[close + 1..].split_whitespace().nth(1).and_then(|p| p.parse::<i32>().ok());
-            &stat[open + 1..close] == "phase-leader" && ppid == Some(pid1)
-        })
-        .collect();
-    leaders.sort_unstable();
-    leaders
+    leaks::children_named(pid1, "phase-leader")
 }
 
 /// A switch answers once the old phase's leader has exited and been

@@ -212,17 +212,31 @@ fn stat_fields(pid: i32) -> Option<(String, (i32, u64))> {
     Some((state, (ppid, start_time)))
 }
 
-/// The live children of `ppid`.
-pub fn children_of(ppid: i32) -> Vec<ProcessIdentity> {
+/// Every pid in `/proc`.
+fn proc_pids() -> impl Iterator<Item = i32> {
     dir_entries(Path::new("/proc"))
         .into_iter()
         .filter_map(|e| e.file_name().and_then(|n| n.to_str()).and_then(|n| n.parse::<i32>().ok()))
+}
+
+/// The live children of `ppid`.
+pub fn children_of(ppid: i32) -> Vec<ProcessIdentity> {
+    proc_pids()
         .filter_map(|pid| match stat_fields(pid) {
             Some((state, (parent, start_time))) if parent == ppid && state != "Z" => {
                 Some(ProcessIdentity { pid, start_time })
             }
             _ => None,
         })
+        .collect()
+}
+
+/// The children of `ppid` whose command (`/proc/<pid>/comm`) is `comm`,
+/// zombies included: a zombie is still seen inside its pid namespace.
+pub fn children_named(ppid: i32, comm: &str) -> Vec<i32> {
+    proc_pids()
+        .filter(|pid| stat_fields(*pid).is_some_and(|(_, (parent, _))| parent == ppid))
+        .filter(|pid| fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == comm))
         .collect()
 }
 
@@ -237,9 +251,7 @@ pub fn proc_status_field(pid: i32, key: &str) -> Option<String> {
 /// Returns the mounts that could not be removed.
 pub fn force_cleanup(data_dir: &Path, instance: &str) -> Vec<PathBuf> {
     kill_instance_processes(instance, Duration::from_secs(10));
-    for point in mounts_under(data_dir) {
-        let _ = unmount(&point, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW);
-    }
+    detach_mounts_under(data_dir);
     for dir in sandbox_cgroup_dirs(instance) {
         let _ = fs::remove_dir(dir);
     }
@@ -285,12 +297,10 @@ pub fn sweep_dead_test_dirs(parent: &Path) {
         let is_test_dir = dir.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("warren-test-"));
         let owner = fs::read_to_string(dir.join(OWNER_FILE)).ok().and_then(|o| o.trim().parse::<u32>().ok());
         let Some(pid) = owner.filter(|_| is_test_dir) else { continue };
-        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+        if !is_dead_test_process(pid) {
             continue;
         }
-        for point in mounts_under(&dir) {
-            let _ = unmount(&point, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW);
-        }
+        detach_mounts_under(&dir);
         if mounts_under(&dir).is_empty() {
             let _ = fs::remove_dir_all(&dir);
         }
@@ -304,7 +314,19 @@ fn dead_test_instance(name: &str) -> Option<String> {
     let mut parts = base.strip_prefix("wt-")?.splitn(2, '-');
     let pid: u32 = parts.next()?.parse().ok()?;
     let _n: u32 = parts.next()?.parse().ok()?;
-    (pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()).then(|| base.to_string())
+    is_dead_test_process(pid).then(|| base.to_string())
+}
+
+/// A test process's pid that names no process now (never this one).
+fn is_dead_test_process(pid: u32) -> bool {
+    pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Detaches every mount below `dir`, deepest first.
+fn detach_mounts_under(dir: &Path) {
+    for point in mounts_under(dir) {
+        let _ = unmount(&point, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW);
+    }
 }
 
 /// Removes the (empty) instance directories themselves.
