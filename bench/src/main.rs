@@ -14,6 +14,7 @@ mod cleanup;
 mod cmd;
 mod contest;
 mod error;
+mod exec_split;
 mod harness;
 mod host;
 mod oci;

@@ -122,6 +122,31 @@ fn p50_of(l: Option<&Latencies>) -> String {
     stats::opt_ms(l.and_then(Latencies::p50))
 }
 
+/// The exec split's p50s, as a sentence for the exec target's row (empty
+/// when the split was not measured).
+fn exec_split_summary(c: &Contender) -> String {
+    use crate::exec_split::{self as split, part_name};
+    let part = |name: &str| c.part(&part_name(name));
+    let (get, exec, bare) = (part(split::GET), part(split::EXEC_TRUE), part(split::BARE_TRUE));
+    let Some(path) = split::exec_path(exec, get, bare) else { return String::new() };
+    let paced = split::exec_path(part(split::PACED_EXEC), part(split::PACED_GET), part(split::PACED_BARE));
+    format!(
+        ". Split (one sandbox, interleaved): API round trip with no exec {}, exec `true` {}, `true` with no sandbox \
+         {}, so the exec path itself {}; without a C library's start-up: exec `exit0` {}, with no sandbox {}; \
+         after 100 ms idle: exec `true` {}, GET {}, `true` with no sandbox {} (exec path {})",
+        p50_of(get),
+        p50_of(exec),
+        p50_of(bare),
+        stats::ms(path),
+        p50_of(part(split::EXEC_EXIT0)),
+        p50_of(part(split::BARE_EXIT0)),
+        p50_of(part(split::PACED_EXEC)),
+        p50_of(part(split::PACED_GET)),
+        p50_of(part(split::PACED_BARE)),
+        stats::opt_ms(paced)
+    )
+}
+
 fn targets(out: &mut String, run: &Run<'_>) {
     let _ =
         writeln!(out, "## Targets\n\n| target | measured | verdict | what the figure is made of |\n|---|---|---|---|");
@@ -164,11 +189,12 @@ fn targets(out: &mut String, run: &Run<'_>) {
         match (w, exec) {
             (Some(c), Some(m)) => format!(
                 "server CPU per exec {}; host CPU per exec {}; load {:.1} at start; the same `true` with no sandbox \
-                 (the floor): {}",
+                 (the floor): {}{}",
                 stats::opt_ms(c.server_cpu_per("exec")),
                 stats::opt_ms(m.cpu.per_op(m.value.len())),
                 m.cpu.load_at_start,
-                stats::opt_ms(floor(run).and_then(|f| lat(&f.exec)?.p50()))
+                stats::opt_ms(floor(run).and_then(|f| lat(&f.exec)?.p50())),
+                exec_split_summary(c)
             ),
             _ => String::new(),
         }
@@ -575,5 +601,31 @@ mod tests {
             }
             assert_eq!(cells, columns, "row does not match its header: {line}");
         }
+    }
+
+    #[test]
+    fn the_exec_split_names_what_the_exec_path_adds_to_the_floors() {
+        use crate::exec_split::{self as split, part_name};
+        use crate::results::Part;
+        let mut w = Contender::new("Warren", "warren 0.1.0");
+        assert_eq!(exec_split_summary(&w), "", "no split measured: nothing said");
+        let figures = [
+            (split::GET, 1),
+            (split::EXEC_TRUE, 5),
+            (split::BARE_TRUE, 3),
+            (split::EXEC_EXIT0, 2),
+            (split::BARE_EXIT0, 1),
+            (split::PACED_GET, 2),
+            (split::PACED_EXEC, 9),
+            (split::PACED_BARE, 4),
+        ];
+        for (name, ms) in figures {
+            w.parts.push(Part { name: part_name(name), latencies: measured(lat_ms(&[ms, ms, ms])), own_cpu: true });
+        }
+        let text = exec_split_summary(&w);
+        assert!(text.contains("API round trip with no exec 1.00 ms, exec `true` 5.00 ms"), "{text}");
+        assert!(text.contains("so the exec path itself 1.00 ms;"), "{text}");
+        assert!(text.contains("exec `exit0` 2.00 ms, with no sandbox 1.00 ms"), "{text}");
+        assert!(text.ends_with("(exec path 3.00 ms)"), "{text}");
     }
 }

@@ -46,10 +46,6 @@ pub fn pool_spec(size: usize) -> String {
     format!("image={IMAGE},memory_mib={MEMORY_MIB},disk_mib={DISK_MIB},size={size}")
 }
 
-fn exec_true() -> ExecRequest {
-    ExecRequest::argv(["/bin/true"])
-}
-
 // ---- the server ------------------------------------------------------------------
 
 /// A `warren serve` child; stopped (SIGTERM, then SIGKILL) when dropped.
@@ -206,16 +202,29 @@ impl Client {
 
     /// `?wait=true` exec of `/bin/true`; anything but a clean exit 0 is an error.
     pub fn exec_true(&self, id: &str) -> Result<ExecResult> {
-        let rb =
-            self.req(Method::POST, &format!("/v1/sandboxes/{id}/exec")).query(&[("wait", "true")]).json(&exec_true());
+        self.exec_ok(id, "/bin/true")
+    }
+
+    /// `?wait=true` exec of `program` (no arguments); anything but a clean
+    /// exit 0 is an error.
+    pub fn exec_ok(&self, id: &str, program: &str) -> Result<ExecResult> {
+        let rb = self
+            .req(Method::POST, &format!("/v1/sandboxes/{id}/exec"))
+            .query(&[("wait", "true")])
+            .json(&ExecRequest::argv([program]));
         let r: ExecResult = self.call("exec", rb)?;
         if r.status != ExecStatus::Ok || r.exit_code != Some(0) {
             return Err(BenchError::Unexpected {
-                op: "exec /bin/true".into(),
+                op: format!("exec {program}"),
                 detail: format!("status {:?}, exit code {:?}", r.status, r.exit_code),
             });
         }
         Ok(r)
+    }
+
+    /// `GET /v1/sandboxes/{id}`: an API round trip that starts nothing.
+    pub fn get(&self, id: &str) -> Result<SandboxInfo> {
+        self.call("get", self.req(Method::GET, &format!("/v1/sandboxes/{id}")))
     }
 
     pub fn delete(&self, id: &str) -> Result<SandboxInfo> {
@@ -447,6 +456,7 @@ pub struct WarrenContestant {
     leftovers: Leftovers,
     binary: PathBuf,
     workdir: PathBuf,
+    rootfs: PathBuf,
     warmup: usize,
     cold_calls: usize,
     cold_steps: Steps,
@@ -476,6 +486,7 @@ impl WarrenContestant {
             leftovers,
             binary: setup.binary.to_path_buf(),
             workdir: setup.workdir.to_path_buf(),
+            rootfs: setup.rootfs.to_path_buf(),
             warmup: plan.warmup,
             cold_calls: 0,
             cold_steps: Steps::default(),
@@ -645,6 +656,10 @@ impl Contestant for WarrenContestant {
         let parts = crate::pause::measure_microvm(&self.client, plan)?;
         self.c.parts.extend(parts);
         self.c.commands.push(("pause".into(), crate::pause::DESCRIPTION.into()));
+        crate::progress("Warren: where an exec's time goes");
+        let parts = crate::exec_split::measure(&self.client, &self.rootfs, plan)?;
+        self.c.parts.extend(parts);
+        self.c.commands.push(("exec split".into(), crate::exec_split::DESCRIPTION.into()));
         crate::progress("Warren: warm pool claim+exec");
         match self.warm(plan) {
             Err(BenchError::Interrupted) => Err(BenchError::Interrupted),
