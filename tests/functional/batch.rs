@@ -211,3 +211,20 @@ async fn a_full_queue_answers_429_with_its_limit() {
     assert_eq!(status, StatusCode::CREATED, "{body}");
     server.finish().await;
 }
+
+/// A node out of uid ranges (here: room for one) refuses a create with 503
+/// `capacity_exceeded` naming them - not 500 `internal` - leaves nothing of
+/// the refused sandbox behind, and creates again once the range is free.
+#[tokio::test]
+async fn a_node_out_of_uid_ranges_answers_503_capacity_exceeded() {
+    let room_for_one = (u32::MAX - 65_536 - 1).to_string();
+    let server = TestServer::start_with(&["--uid-base-start", &room_for_one]).await;
+    let holder = server.create_small().await;
+    let (status, body) = server.try_create(&small(json!({}))).await;
+    assert_api_error(status, &body, ErrorCode::CapacityExceeded, None);
+    assert!(body["message"].as_str().is_some_and(|m| m.contains("uid ranges")), "{body}");
+    server.delete(&holder.id).await;
+    let again = server.create_small().await;
+    server.delete(&again.id).await;
+    server.finish().await;
+}

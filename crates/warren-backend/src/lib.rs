@@ -56,11 +56,29 @@ pub enum BackendError {
     PhaseRejected(String),
     #[error("protocol error talking to warren-init: {0}")]
     Protocol(String),
+    /// The node is out of something every sandbox needs (here: uid
+    /// ranges); the same request may succeed later or on another node.
+    #[error("the node is out of room: {0}")]
+    Exhausted(String),
 }
 
 impl BackendError {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         BackendError::Io { context: context.into(), source }
+    }
+
+    /// True when the failure says the node ran out of a resource (uid
+    /// ranges, memory, processes, file descriptors, its own disk), not that
+    /// the request or the node is broken: worth a retry later or elsewhere.
+    pub fn is_exhaustion(&self) -> bool {
+        match self {
+            BackendError::Exhausted(_) => true,
+            BackendError::Io { source, .. } => source.raw_os_error().is_some_and(|errno| {
+                [libc::ENOMEM, libc::EAGAIN, libc::EMFILE, libc::ENFILE, libc::ENOSPC, libc::EDQUOT, libc::ENOBUFS]
+                    .contains(&errno)
+            }),
+            _ => false,
+        }
     }
 }
 

@@ -48,6 +48,7 @@ fn to_api(e: NodeError) -> ApiError {
         },
         NodeError::FunctionQueueFull { .. } => with_field(ErrorCode::QueueFull, msg, "image"),
         NodeError::AdmissionQueueFull { .. } => with_field(ErrorCode::QueueFull, msg, "queue"),
+        NodeError::Backend(ref b) if b.is_exhaustion() => ApiError::new(ErrorCode::CapacityExceeded, msg),
         NodeError::Backend(BackendError::Unsupported(..)) => ApiError::new(ErrorCode::Unsupported, msg),
         NodeError::Backend(BackendError::Busy(_)) => with_field(ErrorCode::LimitReached, msg, "pids"),
         NodeError::Backend(BackendError::ProgramNotFound(_)) => with_field(ErrorCode::InvalidRequest, msg, "argv"),
@@ -97,5 +98,18 @@ mod tests {
         assert!(api.message.contains("127.0.0.1:2379"), "{}", api.message);
         let broken = to_api(NodeError::Store(warren_node::StoreError::Backend("disk".into())));
         assert_eq!(broken.code, ErrorCode::Internal);
+    }
+
+    #[test]
+    fn a_node_out_of_room_is_503_capacity_exceeded_and_other_backend_failures_500() {
+        let out_of_fds = BackendError::io("open cgroup", std::io::Error::from_raw_os_error(libc::EMFILE));
+        let api = to_api(NodeError::Backend(out_of_fds));
+        assert_eq!((api.code, api.code.http_status()), (ErrorCode::CapacityExceeded, 503));
+        assert!(api.message.contains("open cgroup"), "{}", api.message);
+        let api = to_api(NodeError::Backend(BackendError::Exhausted("all 1 uid ranges are in use".into())));
+        assert_eq!(api.code, ErrorCode::CapacityExceeded);
+        let denied = BackendError::io("mount", std::io::Error::from_raw_os_error(libc::EPERM));
+        assert_eq!(to_api(NodeError::Backend(denied)).code, ErrorCode::Internal);
+        assert_eq!(to_api(NodeError::Backend(BackendError::Setup("x".into()))).code, ErrorCode::Internal);
     }
 }

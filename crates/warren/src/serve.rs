@@ -36,6 +36,11 @@ pub struct ServeArgs {
     pub function_pools: Vec<FunctionPoolSpec>,
     #[arg(long, default_value_t = 4096)]
     pub max_sandboxes: usize,
+    /// First host uid of the container sandboxes' uid ranges (65536 ids
+    /// each, one per live sandbox, up to `u32::MAX`). Servers sharing a host
+    /// should get disjoint ranges, so no two sandboxes share host ids.
+    #[arg(long, default_value_t = ContainerConfig::DEFAULT_UID_BASE_START)]
+    pub uid_base_start: u32,
     /// Memory (MiB) the running sandboxes may ask for in all (paused ones do
     /// not count); creates past it wait in the admission queue.
     #[arg(long)]
@@ -216,6 +221,7 @@ impl ServeArgs {
             pools: Vec::new(),
             function_pools: Vec::new(),
             max_sandboxes: 4096,
+            uid_base_start: ContainerConfig::DEFAULT_UID_BASE_START,
             max_memory_mib: None,
             admission_queue_limit: warren_api::DEFAULT_ADMISSION_QUEUE_LIMIT,
             destroy_on_exit: true,
@@ -369,7 +375,7 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
             run_dir: args.data_dir.join("run"),
             init_binary: init_binary.clone(),
             cgroup_instance: args.instance.clone(),
-            uid_base_start: ContainerConfig::DEFAULT_UID_BASE_START,
+            uid_base_start: args.uid_base_start,
         })
         .context("cannot start the container driver")?,
     );

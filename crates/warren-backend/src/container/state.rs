@@ -189,7 +189,7 @@ impl SlotBook {
         // The first gap in the sorted set, or the slot after the last.
         let slot = taken.iter().zip(0u32..).find(|&(&s, i)| s != i).map_or(taken.len() as u32, |(_, i)| i);
         if slot >= self.capacity() {
-            return Err(BackendError::Setup(format!("all {} uid ranges are in use", self.capacity())));
+            return Err(BackendError::Exhausted(format!("all {} uid ranges are in use", self.capacity())));
         }
         let path = layout.slot_file();
         fs::write(&path, slot.to_string()).map_err(|e| BackendError::io(format!("write {}", path.display()), e))?;
@@ -255,5 +255,22 @@ mod tests {
         let restarted = SlotBook::new(dir.path().to_path_buf(), 1 << 30);
         assert_eq!(restarted.claim_slot(&layouts[3]).unwrap(), 2);
         assert_eq!(SlotBook::recorded(&layouts[3]), Some(2));
+    }
+
+    #[test]
+    fn a_full_slot_book_says_the_node_is_out_of_room() {
+        let dir = tempfile::tempdir().unwrap();
+        // Room for exactly one range below u32::MAX.
+        let book = SlotBook::new(dir.path().to_path_buf(), u32::MAX - IDS_PER_SANDBOX - 1);
+        assert_eq!(book.capacity(), 1);
+        let layouts: Vec<Layout> = (0..2).map(|i| Layout::new(dir.path(), &format!("s{i}"))).collect();
+        for l in &layouts {
+            fs::create_dir(l.dir()).unwrap();
+        }
+        assert_eq!(book.claim_slot(&layouts[0]).unwrap(), 0);
+        let err = book.claim_slot(&layouts[1]).unwrap_err();
+        assert!(matches!(err, BackendError::Exhausted(_)), "{err:?}");
+        assert!(err.is_exhaustion());
+        assert_eq!(SlotBook::recorded(&layouts[1]), None, "a refused claim records nothing");
     }
 }
