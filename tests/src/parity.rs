@@ -10,12 +10,13 @@
 //! exec, a missing program naming its field), limits (memory -> `oom`,
 //! a full disk -> `ENOSPC` inside, the sandbox usable after both),
 //! sessions, files (round trip, typed errors, `..` and symlinks that stay
-//! inside), security events, pause and resume, and the typed end reasons
+//! inside), `pack_diff` into an image a new sandbox starts from, phases,
+//! security events, pause and resume, and the typed end reasons
 //! `idle_timeout`, `lifetime` and `deleted`.
 //!
 //! Where a backend differs by design the difference is asserted, not
-//! skipped: a function sandbox keeps no state between calls, so sessions
-//! and files answer the typed `unsupported` error naming the backend, and
+//! skipped: a function sandbox keeps no state between calls, so sessions,
+//! files and `pack_diff` answer the typed `unsupported` error naming the backend, and
 //! its hostname is its worker's (a worker is made before anyone asks for
 //! it), not the sandbox id.
 
@@ -74,9 +75,12 @@ impl Subject<'_> {
         info
     }
 
-    /// The main sandbox of the suite, with `FROM_SANDBOX=s` in its environment.
+    /// The main sandbox of the suite, with `FROM_SANDBOX=s` in its
+    /// environment and, where the backend has them, the phases of
+    /// [`phase_cases`].
     pub async fn create(&self) -> SandboxInfo {
-        self.create_with(json!({"env": {"FROM_SANDBOX": "s"}})).await
+        let extra = json!({"env": {"FROM_SANDBOX": "s"}});
+        self.create_with(if self.stateful() { with_phases(extra) } else { extra }).await
     }
 }
 
@@ -89,6 +93,8 @@ pub async fn run_all(subject: &Subject<'_>, id: &str) {
     limit_cases(subject, id).await;
     session_cases(subject, id).await;
     file_cases(subject, id).await;
+    pack_cases(subject, id).await;
+    phase_cases(subject, id).await;
     event_cases(subject, id).await;
     timer_ends(subject, timers).await;
     pause_cases(subject, id).await;
@@ -257,6 +263,111 @@ pub async fn file_cases(subject: &Subject<'_>, id: &str) {
 }
 
 /// Refused system calls become security events, read after the result.
+/// `pack_diff`: the writable layer (new files, owners, modes, hard and
+/// symbolic links, a deleted file of the image) becomes an image that
+/// starts a new sandbox of the same backend, without the scrubbed paths;
+/// the source sandbox is unchanged.
+pub async fn pack_cases(subject: &Subject<'_>, id: &str) {
+    let server = subject.server;
+    let path = format!("/v1/sandboxes/{id}/pack");
+    let image = format!("packed-{}", subject.backend.as_str());
+    if !subject.stateful() {
+        let (status, body) = server.call(Method::POST, &path, Some(&json!({"image": image}))).await;
+        assert_unsupported(subject.backend, status, &body);
+        return;
+    }
+    // A file of the image whose loss the guest does not notice: the busybox
+    // image has no motd, Debian's systemd image needs its groups.
+    let gone = server.sh_ok(id, "for f in /etc/motd /etc/group; do [ -e $f ] && echo $f && break; done").await;
+    let gone = gone.trim();
+    assert!(!gone.is_empty(), "the image has /etc/motd or /etc/group");
+    server
+        .sh_ok(
+            id,
+            &format!(
+                "mkdir -p /packed/build && echo fixed > /packed/code.py && echo leak > /packed/build/answer \
+                 && chown 1234:5678 /packed/code.py && chmod 4750 /packed/code.py && ln /packed/code.py /packed/hard \
+                 && ln -s code.py /packed/soft && rm {gone}"
+            ),
+        )
+        .await;
+    let (status, body) =
+        server.call(Method::POST, &path, Some(&json!({"image": image, "scrub": ["/packed/build"]}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{:?}: {body}\nlog:\n{}", subject.backend, server.log_tail(30));
+
+    let child = subject.create_with(json!({"image": image})).await;
+    let out = server
+        .sh_ok(
+            &child.id,
+            &format!(
+                "cat /packed/code.py; stat -c '%u:%g %a %h' /packed/code.py; readlink /packed/soft; ls /packed; \
+                 [ -e {gone} ] && echo {gone} is back || echo {gone} stays deleted"
+            ),
+        )
+        .await;
+    assert_eq!(
+        out,
+        format!("fixed\n1234:5678 4750 2\ncode.py\ncode.py\nhard\nsoft\n{gone} stays deleted\n"),
+        "{:?}: content, owner, mode, links and the deletion carry over; the scrubbed dir is gone",
+        subject.backend
+    );
+    let ended = server.delete(&child.id).await;
+    assert_eq!(ended.end_reason, Some(EndReason::Deleted), "{ended:?}");
+    assert_eq!(server.sh_ok(id, "cat /packed/build/answer").await, "leak\n", "the source sandbox keeps its files");
+}
+
+/// `work` protects nothing; `tidy` neither (a switch to it kills what
+/// `work` left running); `grade` hides `/work/answers`.
+fn phases() -> Value {
+    json!({"work": {}, "tidy": {}, "grade": {"protected_paths": {"/work/answers": "none"}}})
+}
+
+/// Phases: a switch kills what earlier phases left running; protected
+/// paths hold for root in a container, and a VM, whose guest kernel's
+/// Landlock cannot enforce them all, refuses them as unsupported (the
+/// sandbox stays in its phase). A function sandbox has no phases.
+pub async fn phase_cases(subject: &Subject<'_>, id: &str) {
+    let server = subject.server;
+    if !subject.stateful() {
+        let (status, body) = server.try_create(&with_phases(subject.create.clone())).await;
+        assert_unsupported(subject.backend, status, &body);
+        return;
+    }
+    let phase_path = format!("/v1/sandboxes/{id}/phase");
+    server
+        .sh_ok(id, "mkdir -p /work/answers && echo secret > /work/answers/key && (sleep 1000 >/dev/null 2>&1 &)")
+        .await;
+    let (status, body) = server.call(Method::PUT, &phase_path, Some(&json!({"name": "tidy"}))).await;
+    assert_eq!(status, StatusCode::OK, "{:?}: {body}", subject.backend);
+    assert_eq!(body["phase"], "tidy", "{body}");
+    assert_no_sleep_left(server, id).await;
+
+    let (status, body) = server.call(Method::PUT, &phase_path, Some(&json!({"name": "grade"}))).await;
+    match subject.backend {
+        Backend::Microvm | Backend::Vm => {
+            assert_unsupported(subject.backend, status, &body);
+            assert_eq!(server.get(id).await.phase.as_deref(), Some("tidy"), "a refused switch changes nothing");
+            assert_eq!(server.sh_ok(id, "cat /work/answers/key").await, "secret\n");
+        }
+        _ => {
+            assert_eq!(status, StatusCode::OK, "{:?}: {body}", subject.backend);
+            let r = server.sh(id, "cat /work/answers/key").await;
+            assert_ne!(r.exit_code, Some(0), "a hidden path is hidden from root: {r:?}");
+            assert!(stderr(&r).contains("Permission denied"), "{r:?}");
+            let (status, body) = server.call(Method::PUT, &phase_path, Some(&json!({"name": "work"}))).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            assert_eq!(server.sh_ok(id, "cat /work/answers/key").await, "secret\n");
+        }
+    }
+}
+
+/// `request` with [`phases`], starting in `work`.
+fn with_phases(mut request: Value) -> Value {
+    request["phases"] = phases();
+    request["phase"] = json!("work");
+    request
+}
+
 pub async fn event_cases(subject: &Subject<'_>, id: &str) {
     let server = subject.server;
     let r = server.sh(id, "mkdir -p /mnt/x && mount -t tmpfs none /mnt/x; unshare -n true; echo done").await;

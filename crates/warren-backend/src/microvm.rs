@@ -40,7 +40,12 @@
 //! ([`Driver::attach_books`]). Every VM gets its writable disk as inherited
 //! descriptors (see [`qemu::VmSpec::writable_by_fd`]) so that migrations
 //! work from QEMU's chroot.
-//! Not yet: phases with protected paths, pack_diff, egress networking,
+//! `pack_diff` asks the guest's init for its writable layer as an archive
+//! (see [`Driver::snapshot`] here).
+//! Phases without protected paths work as in a container (a switch kills
+//! what earlier phases left running); protected paths need a guest kernel
+//! with Landlock ABI 6 and are refused as unsupported.
+//! Not yet: egress networking,
 //! re-adoption after a node restart (the mux lives in the node process; a
 //! restarted node ends microVMs with `node_restarted`).
 
@@ -68,8 +73,8 @@ pub use self::qemu::{Accel, AccelChoice, Machine};
 use self::qemu::{ConsoleTail, VmSpec};
 use crate::container::channel;
 use crate::{
-    check_id, BackendError, Driver, EventBatch, ExecProcess, ExecSpec, Liveness, Result, SandboxHandle, SandboxSpec,
-    SweepReport,
+    check_id, BackendError, Driver, EventBatch, ExecProcess, ExecSpec, Liveness, PhaseRules, Result, SandboxHandle,
+    SandboxSpec, SweepReport,
 };
 
 /// A TCG boot of this kernel to init takes about two seconds here; a loaded
@@ -241,6 +246,31 @@ enum Seen {
 
 /// The guest's state while it is paused to disk.
 const PAUSED_MEM: &str = "paused.mem";
+/// Why a VM refuses protected paths: Debian 12's cloud kernel enforces
+/// Landlock ABI 2, and a phase needs 6 (ABI 3 is what stops `truncate(2)`
+/// of a read-only file: without it an agent could empty the tests it may
+/// only read).
+const GUEST_LANDLOCK: &str = "phases with protected paths (the guest kernel's Landlock is older than ABI 6)";
+/// A `pack_diff` archive holds the writable disk's files plus a header (and
+/// perhaps a PAX record) per file: at most twice the disk and this much
+/// more, or it is not the guest's init that sends it.
+const PACK_SLACK_BYTES: u64 = 16 << 20;
+
+/// A reader that fails once it has given `left` bytes and there are more.
+struct Capped<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.left = self.left.checked_sub(n as u64).ok_or_else(|| {
+            std::io::Error::other("the archive is larger than the sandbox's writable disk could hold")
+        })?;
+        Ok(n)
+    }
+}
 /// Writing a paused guest's memory out; reading it back on resume.
 const DISK_PAUSE_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a guest gets to see the node disconnect before it is saved.
@@ -628,7 +658,7 @@ impl Driver for MicroVmDriver {
         check_id(&spec.id)?;
         let backend = self.backend().as_str();
         if !spec.phase.protected_paths.is_empty() {
-            return Err(BackendError::Unsupported(backend, "phases with protected paths"));
+            return Err(BackendError::Unsupported(backend, GUEST_LANDLOCK));
         }
         if spec.network == warren_api::NetworkMode::Allowlist {
             return Err(BackendError::Unsupported(backend, "allowlist networking"));
@@ -657,18 +687,40 @@ impl Driver for MicroVmDriver {
             Ok(()) => self.restore_or_boot(spec, &dir, &cgroup).await,
             Err(e) => Err(e),
         };
-        match booted {
+        let handle = match booted {
             Ok((running, accel, boot)) => {
                 self.running().insert(spec.id.clone(), running);
                 let state = HandleState { dir, accel, boot: Some(boot) };
-                let state = serde_json::to_value(&state).map_err(|e| BackendError::Protocol(e.to_string()))?;
-                Ok(SandboxHandle { id: spec.id.clone(), backend: self.backend(), state })
+                serde_json::to_value(&state)
+                    .map_err(|e| BackendError::Protocol(e.to_string()))
+                    .map(|state| SandboxHandle { id: spec.id.clone(), backend: self.backend(), state })
             }
-            Err(e) => {
-                let _ = self.remove(&spec.id).await;
-                Err(e)
+            Err(e) => Err(e),
+        };
+        // The guest's init starts in an unnamed phase (a snapshot's guest
+        // was booted for any sandbox): the first one is set as a switch,
+        // before anything runs.
+        let phased = match handle {
+            Ok(handle) if spec.phase != PhaseRules::default() => {
+                channel::set_phase(&self.ctl_sock(&spec.id), spec.phase.clone(), false).await.map(|_| handle)
             }
+            other => other,
+        };
+        if phased.is_err() {
+            let _ = self.remove(&spec.id).await;
         }
+        phased
+    }
+
+    async fn set_phase(&self, handle: &SandboxHandle, phase: PhaseRules, kill_running: bool) -> Result<u32> {
+        let _ = self.state(handle)?;
+        if !phase.protected_paths.is_empty() {
+            return Err(BackendError::Unsupported(self.backend().as_str(), GUEST_LANDLOCK));
+        }
+        if !self.running().contains_key(&handle.id) {
+            return Err(BackendError::Gone);
+        }
+        channel::set_phase(&self.ctl_sock(&handle.id), phase, kill_running).await
     }
 
     async fn exec(&self, handle: &SandboxHandle, spec: ExecSpec) -> Result<ExecProcess> {
@@ -860,6 +912,23 @@ impl Driver for MicroVmDriver {
 
     fn boot(&self, handle: &SandboxHandle) -> Option<VmBoot> {
         self.state(handle).ok().and_then(|s| s.boot)
+    }
+
+    /// `pack_diff`: the guest's init archives its overlay's upper directory
+    /// while the sandbox's processes are stopped, and the node unpacks the
+    /// archive - which comes from inside the sandbox - with the checks of
+    /// [`warren_image::oci::unpack_sandbox_diff`] and a cap on its size.
+    /// The guest's ids are the image's: nothing to shift back.
+    fn snapshot(&self, handle: &SandboxHandle, dest: &Path, scrub: &[String]) -> Result<()> {
+        let files = self.remote_files(handle)?;
+        let rw = self.dir(&handle.id).join("rw.img");
+        let disk_bytes = fs::metadata(&rw).map_err(|e| BackendError::io(format!("stat {}", rw.display()), e))?.len();
+        let (archive, _stopped) =
+            files.open_pack().map_err(|e| BackendError::Protocol(format!("archiving the writable layer: {e}")))?;
+        let cap = disk_bytes.saturating_mul(2).saturating_add(PACK_SLACK_BYTES);
+        warren_image::oci::unpack_sandbox_diff(Capped { inner: archive, left: cap }, dest)
+            .map_err(|e| BackendError::Setup(format!("unpacking the writable layer: {e}")))?;
+        crate::files::scrub(dest, scrub)
     }
 
     /// Init serves the guest's files over the mux (the guest's root is a

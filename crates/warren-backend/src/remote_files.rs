@@ -103,6 +103,20 @@ impl RemoteFiles {
         }
     }
 
+    /// Starts the archive of the guest's writable layer (`pack_diff`, see
+    /// [`Request::PackUpper`]); also returns how many of the sandbox's
+    /// processes init stopped until the archive's end.
+    pub fn open_pack(&self) -> Result<(RemoteReader, u32)> {
+        let mut conn = self.send(&Request::PackUpper)?;
+        match answer(&mut conn)? {
+            Response::PackOpened { stopped } => {
+                Ok((RemoteReader { conn, pending: Vec::new(), at: 0, ended: false }, stopped))
+            }
+            Response::Error { message, .. } => Err(link_error(io::Error::other(message))),
+            other => Err(protocol(&format!("{other:?}"))),
+        }
+    }
+
     /// Starts an upload that replaces `path` on [`RemoteWriter::commit`].
     pub fn create_write(&self, path: &str, mode: u32) -> Result<RemoteWriter> {
         let mut conn = self.send(&Request::WriteFile { path: path.into(), mode })?;

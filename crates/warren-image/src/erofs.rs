@@ -63,6 +63,10 @@ pub enum ErofsError {
     /// An OCI whiteout could not be turned into its overlayfs form.
     #[error("converting whiteouts at {path}: {reason}")]
     Whiteout { path: PathBuf, reason: String },
+    /// A sandbox's archive holds what no sandbox's layer may (see
+    /// [`crate::oci::unpack_sandbox_diff`]).
+    #[error("{path}: the archive may not hold {reason}")]
+    Forbidden { path: PathBuf, reason: String },
     /// Setting up or removing the scratch tree failed.
     #[error("scratch space: {0}")]
     Scratch(#[source] ImageError),

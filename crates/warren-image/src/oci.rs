@@ -12,7 +12,10 @@
 //! `RESOLVE_BENEATH`), so paths in a manifest or symlinks in an archive
 //! cannot make the importer read outside it.
 
+mod diff;
 pub(crate) mod whiteout;
+
+pub use diff::unpack_sandbox_diff;
 
 use std::collections::HashMap;
 use std::fs::File;

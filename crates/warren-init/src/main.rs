@@ -12,6 +12,7 @@ mod events;
 mod exec;
 mod fileserve;
 mod leader;
+mod pack;
 mod pathsearch;
 mod phase;
 mod pid1;

@@ -99,6 +99,14 @@ pub enum Request {
     RemoveFile { path: String, recursive: bool },
     /// Answered with `FileStat` of the file at `to`.
     RenameFile { from: String, to: String },
+    /// `pack_diff` of a VM: the writable layer (the overlay's upper
+    /// directory) as a tar stream in OCI layer form (whiteouts as
+    /// `.wh.NAME`, opaque directories as `.wh..wh..opq`), read while the
+    /// sandbox's processes are stopped. Answered with `PackOpened`, then
+    /// the archive in `Stdout` frames, then `FileEnd` (a connection that
+    /// ends before `FileEnd` broke off), or with `Error` where init holds
+    /// no writable layer of its own (a container's init).
+    PackUpper,
     /// A microVM restored from a snapshot of a booted guest takes on its
     /// own identity: the hostname, `entropy` mixed into the kernel's pool
     /// followed by a forced reseed (clones of one snapshot share their
@@ -189,6 +197,11 @@ pub enum Response {
         size_bytes: u64,
     },
     FileEnd,
+    /// The archive of [`Request::PackUpper`] follows; `stopped` processes
+    /// of the sandbox wait for its end.
+    PackOpened {
+        stopped: u32,
+    },
     FileReady,
     FileStaged {
         size_bytes: u64,

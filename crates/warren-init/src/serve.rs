@@ -253,6 +253,7 @@ fn serve_one(ctx: &Shared, mut conn: UnixStream, request: serde_json::Result<Req
             };
             let _ = proto::write_json(&mut conn, FrameKind::Response, &answer);
         }
+        Ok(Request::PackUpper) => crate::pack::serve(&mut conn),
         // Answered by `fileserve` above.
         Ok(
             Request::StatFile { .. }

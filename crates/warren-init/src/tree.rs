@@ -80,6 +80,27 @@ pub fn members(procs: &[ProcStat], root: i32, holders: &HashSet<i32>, me: i32) -
         .collect()
 }
 
+/// The live processes among `procs` whose parent chain reaches `ancestor`
+/// (never `ancestor` itself). In a container init is PID 1 of the
+/// sandbox's pid namespace and every other process descends from it; in a
+/// VM's guest this leaves out the kernel's threads (under kthreadd, whose
+/// parent is 0) and, under a full VM's systemd, the guest OS's own units.
+pub fn descendants(procs: &[ProcStat], ancestor: i32) -> Vec<ProcStat> {
+    let parent: HashMap<i32, i32> = procs.iter().map(|p| (p.pid, p.ppid)).collect();
+    let descends = |mut pid: i32| {
+        // Bounded: a pid-reuse race could in theory make a cycle.
+        for _ in 0..procs.len() + 1 {
+            match parent.get(&pid) {
+                Some(&ppid) if ppid == ancestor => return true,
+                Some(&ppid) if ppid > 0 => pid = ppid,
+                _ => return false,
+            }
+        }
+        false
+    };
+    procs.iter().filter(|p| p.pid != ancestor && !p.is_dead() && descends(p.pid)).copied().collect()
+}
+
 /// Every process visible in `/proc` (processes that vanish mid-scan are
 /// simply not listed).
 pub fn scan() -> Vec<ProcStat> {
@@ -121,13 +142,11 @@ pub fn kill_tree(root: i32, pipe_inodes: &[u64]) {
     });
 }
 
-/// Kills every process of the sandbox but init itself and `keep`, until
-/// none is left; returns how many were killed.
+/// Kills every process of the sandbox (init's [`descendants`]) but
+/// `keep`, until none is left; returns how many were killed.
 pub fn kill_all_but(keep: &[i32]) -> u32 {
     let me = std::process::id() as i32;
-    let killed = kill_until_gone(|| {
-        scan().into_iter().filter(|p| p.pid != me && p.pid > 1 && !p.is_dead() && !keep.contains(&p.pid)).collect()
-    });
+    let killed = kill_until_gone(|| descendants(&scan(), me).into_iter().filter(|p| !keep.contains(&p.pid)).collect());
     u32::try_from(killed).unwrap_or(u32::MAX)
 }
 
@@ -172,6 +191,27 @@ mod tests {
 
     fn p(pid: i32, ppid: i32, session: i32, state: char) -> ProcStat {
         ProcStat { pid, state, ppid, session }
+    }
+
+    #[test]
+    fn descendants_are_what_hangs_off_the_ancestor_and_not_the_kernels_threads() {
+        // A guest: init 1, its leader 7 and a command 9 under it, an orphan
+        // 12 reparented to init, a zombie 13; kthreadd 2 and a kworker 3.
+        let procs = [
+            p(1, 0, 1, 'S'),
+            p(2, 0, 0, 'S'),
+            p(3, 2, 0, 'I'),
+            p(7, 1, 7, 'S'),
+            p(9, 7, 9, 'R'),
+            p(12, 1, 9, 'S'),
+            p(13, 1, 13, 'Z'),
+        ];
+        let pids = |found: Vec<ProcStat>| found.iter().map(|p| p.pid).collect::<Vec<_>>();
+        assert_eq!(pids(descendants(&procs, 1)), [7, 9, 12]);
+        assert_eq!(pids(descendants(&procs, 7)), [9]);
+        // A container's pid 2 is an ordinary process of the sandbox.
+        let container = [p(1, 0, 1, 'S'), p(2, 1, 2, 'S'), p(5, 2, 2, 'S')];
+        assert_eq!(pids(descendants(&container, 1)), [2, 5]);
     }
 
     #[test]

@@ -144,6 +144,8 @@ fn boot() -> Result<Booted, InitError> {
     let self_exe =
         rustix::fs::open("/init", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).step(|| "open /init".into())?;
     let self_exe = settle_fds(self_exe)?;
+    // After `settle_fds`, which takes fds 3 to 5, and while `/rw` is in reach.
+    crate::pack::keep_upper_at(c"/rw/upper");
     switch_root()?;
     trace("switch_root");
     mount_pts_and_shm()?;

@@ -13,7 +13,7 @@ use warren_guard::cgroup::SandboxCgroup;
 use super::state::Layout;
 use super::teardown::cgroup_err;
 use crate::files;
-use crate::{BackendError, FsRoot, Result};
+use crate::{BackendError, Result};
 
 const IDS_PER_SANDBOX: u32 = 65536;
 const FREEZE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -30,18 +30,7 @@ pub(crate) fn snapshot(
         copy_tree(&layout.upper(), dest)?;
     }
     shift_ids(dest, uid_base)?;
-    let root = FsRoot {
-        dir: fs::File::open(dest).map_err(|e| BackendError::io(format!("opening {}", dest.display()), e))?.into(),
-        uid: 0,
-        gid: 0,
-    };
-    for path in scrub {
-        match files::remove(&root, path, true) {
-            Ok(()) | Err(files::FileError::NotFound) => {}
-            Err(e) => return Err(BackendError::Setup(format!("scrubbing {path}: {e}"))),
-        }
-    }
-    Ok(())
+    files::scrub(dest, scrub)
 }
 
 /// The host's `cp -a` keeps owners, modes, xattrs (overlay's opaque markers

@@ -145,6 +145,11 @@ fn start_service() -> Result<(std::os::fd::OwnedFd, std::sync::Arc<serve::Shared
     let self_exe = rustix::fs::open("/proc/self/exe", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
         .step(|| "open /proc/self/exe".into())?;
     let self_exe = settle_fds(self_exe)?;
+    // Before the filter, which refuses mounts.
+    match super::find_devices(args.layers) {
+        Some(devices) => crate::pack::keep_upper_of_disk(&devices.rw),
+        None => eprintln!("warren-init: the writable disk is not there: pack_diff will not work"),
+    }
     let port_fd = open_port(&port_path)?;
     // Before the filter, as in a microVM: a guest restored from a snapshot
     // or from disk is told its name and the time.
