@@ -20,7 +20,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use warren_guard::seccomp::{self as profile, Delivery, SANDBOX_PROFILE};
@@ -33,10 +33,30 @@ use crate::sys;
 /// The supervisor's stack: it formats a few strings per event.
 const SUPERVISOR_STACK_BYTES: usize = 128 * 1024;
 
+/// The profile compiled, once per process: the init zygote compiles it
+/// before its first fork ([`precompile`]), so the first init of every
+/// container sandbox inherits it instead of compiling it again (a tenth of
+/// a millisecond of every create).
+static PROGRAM: OnceLock<profile::BpfProgram> = OnceLock::new();
+
+fn program() -> Result<&'static profile::BpfProgram, InitError> {
+    if let Some(program) = PROGRAM.get() {
+        return Ok(program);
+    }
+    let compiled = profile::compile(&SANDBOX_PROFILE, Delivery::Notify)?;
+    Ok(PROGRAM.get_or_init(|| compiled))
+}
+
+/// Compiles the profile now, for the processes this one forks. A failure
+/// is left for each sandbox's own [`start`] to report.
+pub fn precompile() {
+    let _ = program();
+}
+
 /// Applies the profile to the calling thread (PID 1's only one) and
 /// starts its supervisor. Returns where the events go.
 pub fn start() -> Result<Arc<EventLog>, InitError> {
-    let program = profile::compile(&SANDBOX_PROFILE, Delivery::Notify)?;
+    let program = program()?;
     let events = Arc::new(EventLog::new(events::CAPACITY));
     let (hand_over, listener_rx) = mpsc::sync_channel::<OwnedFd>(1);
     let log = Arc::clone(&events);
@@ -50,7 +70,7 @@ pub fn start() -> Result<Arc<EventLog>, InitError> {
             }
         })
         .step(|| "step 4: start the seccomp supervisor".into())?;
-    let listener = sys::install_seccomp_listener(&program).step(|| "step 4: seccomp(SET_MODE_FILTER)".into())?;
+    let listener = sys::install_seccomp_listener(program).step(|| "step 4: seccomp(SET_MODE_FILTER)".into())?;
     hand_over.send(listener).map_err(|_| InitError::Refused("step 4: the seccomp supervisor is gone".into()))?;
     Ok(events)
 }

@@ -73,6 +73,7 @@ fn serve() -> io::Result<()> {
     // (and would reach no child, which closes all but its own, anyway).
     sys::close_from(SOCKET_FD + 1)?;
     let null = rustix::fs::open("/dev/null", rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC, 0.into())?;
+    crate::seccomp::precompile();
     while let Some((request, fds)) = receive(&socket)? {
         let (reply, pidfd) = match request.and_then(|r| spawn(r, fds, &null)) {
             Ok((pid, pidfd)) => (Reply::Spawned { pid }, Some(pidfd)),
