@@ -1046,6 +1046,17 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn a_pack_archive_past_its_cap_is_cut_off_with_an_error() {
+        let mut within = Capped { inner: &[7u8; 100][..], left: 100 };
+        let mut all = Vec::new();
+        within.read_to_end(&mut all).unwrap();
+        assert_eq!(all.len(), 100, "exactly the cap is fine");
+        let mut past = Capped { inner: &[7u8; 101][..], left: 100 };
+        let err = past.read_to_end(&mut Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("writable disk"), "{err}");
+    }
+
     fn driver(run_dir: &Path) -> MicroVmDriver {
         MicroVmDriver::new(MicroVmConfig {
             run_dir: run_dir.to_path_buf(),

@@ -20,6 +20,9 @@ use crate::FsRoot;
 /// [`proto::MAX_FRAME_BYTES`]).
 const UPLOAD_CHUNK_BYTES: usize = 1 << 20;
 
+/// The longest a `pack_diff` archive may go without a frame.
+const PACK_SILENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The control socket of a sandbox whose init serves file requests.
 #[derive(Debug, Clone)]
 pub struct RemoteFiles {
@@ -108,6 +111,9 @@ impl RemoteFiles {
     /// processes init stopped until the archive's end.
     pub fn open_pack(&self) -> Result<(RemoteReader, u32)> {
         let mut conn = self.send(&Request::PackUpper)?;
+        // A guest that stops sending (paused meanwhile, or broken) fails
+        // the pack instead of holding it, and its stopped processes, forever.
+        conn.set_read_timeout(Some(PACK_SILENCE)).map_err(link_error)?;
         match answer(&mut conn)? {
             Response::PackOpened { stopped } => {
                 Ok((RemoteReader { conn, pending: Vec::new(), at: 0, ended: false }, stopped))
