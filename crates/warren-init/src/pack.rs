@@ -41,8 +41,8 @@ static UPPER: OnceLock<OwnedFd> = OnceLock::new();
 
 const OVERLAY_XATTR_PREFIX: &[u8] = b"trusted.overlay.";
 const OPAQUE_XATTR: &[u8] = b"trusted.overlay.opaque";
-const WHITEOUT_PREFIX: &str = ".wh.";
-const OPAQUE_MARKER: &str = ".wh..wh..opq";
+const WHITEOUT_PREFIX: &[u8] = b".wh.";
+const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
 /// How long stopped processes get to reach the stopped state (one in an
 /// uninterruptible wait stops when it returns; the archive goes on).
 const STOP_WAIT: Duration = Duration::from_secs(2);
@@ -78,9 +78,9 @@ fn archive_tree<W: Write>(out: &mut Tar<W>, upper: &OwnedFd) -> io::Result<()> {
     let root = rustix::fs::openat(upper, c".", dir_flags(), Mode::empty())?;
     let stat = rustix::fs::fstat(&root)?;
     let xattrs = xattrs_of(&root)?;
-    out.entry(&Entry::of(b'5', "./".into(), &stat, 0), &xattrs.kept)?;
+    out.entry(&Entry::of(b'5', b"./".to_vec(), &stat, 0), &xattrs.kept)?;
     let mut links = HashMap::new();
-    let mut pending = vec![(root, String::new())];
+    let mut pending = vec![(root, Vec::new())];
     while let Some((dir, prefix)) = pending.pop() {
         pending.extend(archive_dir(out, &dir, &prefix, &mut links)?);
     }
@@ -92,22 +92,24 @@ fn archive_tree<W: Write>(out: &mut Tar<W>, upper: &OwnedFd) -> io::Result<()> {
 fn archive_dir<W: Write>(
     out: &mut Tar<W>,
     dir: &OwnedFd,
-    prefix: &str,
-    links: &mut HashMap<(u64, u64), String>,
-) -> io::Result<Vec<(OwnedFd, String)>> {
+    prefix: &[u8],
+    links: &mut HashMap<(u64, u64), Vec<u8>>,
+) -> io::Result<Vec<(OwnedFd, Vec<u8>)>> {
     let mut subdirs = Vec::new();
     for name in names(dir)? {
-        let path = format!("{prefix}{}", name.to_string_lossy());
+        // Names are bytes: a name that is not UTF-8 keeps its bytes.
+        let path = [prefix, name.as_bytes()].concat();
         let stat = rustix::fs::statat(dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)?;
         match FileType::from_raw_mode(stat.st_mode) {
             FileType::Directory => {
                 let child = rustix::fs::openat(dir, name.as_c_str(), dir_flags(), Mode::empty())?;
                 let xattrs = xattrs_of(&child)?;
-                out.entry(&Entry::of(b'5', format!("{path}/"), &stat, 0), &xattrs.kept)?;
+                let dir_path = [path.as_slice(), b"/"].concat();
+                out.entry(&Entry::of(b'5', dir_path.clone(), &stat, 0), &xattrs.kept)?;
                 if xattrs.opaque {
-                    out.entry(&Entry::marker(format!("{path}/{OPAQUE_MARKER}")), &[])?;
+                    out.entry(&Entry::marker([dir_path.as_slice(), OPAQUE_MARKER].concat()), &[])?;
                 }
-                subdirs.push((child, format!("{path}/")));
+                subdirs.push((child, dir_path));
             }
             FileType::RegularFile => {
                 let key = (stat.st_dev, stat.st_ino);
@@ -128,12 +130,12 @@ fn archive_dir<W: Write>(
             FileType::Symlink => {
                 let target = rustix::fs::readlinkat(dir, name.as_c_str(), Vec::new())?;
                 let mut link = Entry::of(b'2', path, &stat, 0);
-                link.link = target.to_string_lossy().into_owned();
+                link.link = target.into_bytes();
                 out.entry(&link, &[])?;
             }
             FileType::Fifo => out.entry(&Entry::of(b'6', path, &stat, 0), &[])?,
             FileType::CharacterDevice if stat.st_rdev == 0 => {
-                out.entry(&Entry::marker(format!("{prefix}{WHITEOUT_PREFIX}{}", name.to_string_lossy())), &[])?
+                out.entry(&Entry::marker([prefix, WHITEOUT_PREFIX, name.as_bytes()].concat()), &[])?
             }
             // Devices and sockets: see the module's doc.
             _ => {}
@@ -280,8 +282,8 @@ impl Write for Frames<'_> {
 /// One archive member's header fields.
 struct Entry {
     kind: u8,
-    path: String,
-    link: String,
+    path: Vec<u8>,
+    link: Vec<u8>,
     mode: u32,
     uid: u32,
     gid: u32,
@@ -290,11 +292,11 @@ struct Entry {
 }
 
 impl Entry {
-    fn of(kind: u8, path: String, stat: &rustix::fs::Stat, size: u64) -> Entry {
+    fn of(kind: u8, path: Vec<u8>, stat: &rustix::fs::Stat, size: u64) -> Entry {
         Entry {
             kind,
             path,
-            link: String::new(),
+            link: Vec::new(),
             mode: stat.st_mode & 0o7777,
             uid: stat.st_uid,
             gid: stat.st_gid,
@@ -304,8 +306,8 @@ impl Entry {
     }
 
     /// An empty root-owned file: an OCI whiteout or opaque marker.
-    fn marker(path: String) -> Entry {
-        Entry { kind: b'0', path, link: String::new(), mode: 0, uid: 0, gid: 0, size: 0, mtime: 0 }
+    fn marker(path: Vec<u8>) -> Entry {
+        Entry { kind: b'0', path, link: Vec::new(), mode: 0, uid: 0, gid: 0, size: 0, mtime: 0 }
     }
 }
 
@@ -330,11 +332,18 @@ impl<W: Write> Tar<W> {
 
     fn entry(&mut self, e: &Entry, xattrs: &[(Vec<u8>, Vec<u8>)]) -> io::Result<()> {
         let mut pax = Vec::new();
-        if e.path.len() > 100 {
-            pax_record(&mut pax, b"path", e.path.as_bytes());
+        let long = |name: &[u8]| name.len() > 100;
+        // PAX text is UTF-8 unless the header says the names are raw bytes.
+        if (long(&e.path) && std::str::from_utf8(&e.path).is_err())
+            || (long(&e.link) && std::str::from_utf8(&e.link).is_err())
+        {
+            pax_record(&mut pax, b"hdrcharset", b"BINARY");
         }
-        if e.link.len() > 100 {
-            pax_record(&mut pax, b"linkpath", e.link.as_bytes());
+        if long(&e.path) {
+            pax_record(&mut pax, b"path", &e.path);
+        }
+        if long(&e.link) {
+            pax_record(&mut pax, b"linkpath", &e.link);
         }
         for (key, id) in [(&b"uid"[..], e.uid), (b"gid", e.gid)] {
             if u64::from(id) > MAX_OCTAL_7 {
@@ -350,8 +359,8 @@ impl<W: Write> Tar<W> {
         if !pax.is_empty() {
             let header = Entry {
                 kind: b'x',
-                path: "././@PaxHeader".into(),
-                link: String::new(),
+                path: b"././@PaxHeader".to_vec(),
+                link: Vec::new(),
                 size: pax.len() as u64,
                 mtime: 0,
                 mode: 0o644,
@@ -402,14 +411,14 @@ fn pax_record(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
 
 fn ustar_header(e: &Entry) -> [u8; BLOCK] {
     let mut h = [0u8; BLOCK];
-    put_str(&mut h[0..100], e.path.as_bytes());
+    put_str(&mut h[0..100], &e.path);
     put_octal(&mut h[100..108], u64::from(e.mode));
     put_octal(&mut h[108..116], u64::from(e.uid).min(MAX_OCTAL_7));
     put_octal(&mut h[116..124], u64::from(e.gid).min(MAX_OCTAL_7));
     put_octal(&mut h[124..136], e.size.min(MAX_OCTAL_11));
     put_octal(&mut h[136..148], u64::try_from(e.mtime).unwrap_or(0).min(MAX_OCTAL_11));
     h[156] = e.kind;
-    put_str(&mut h[157..257], e.link.as_bytes());
+    put_str(&mut h[157..257], &e.link);
     h[257..263].copy_from_slice(b"ustar\0");
     h[263..265].copy_from_slice(b"00");
     // The checksum is taken with its own field as spaces.
@@ -464,6 +473,7 @@ pub(crate) fn keep_upper_of_disk(device: &std::path::Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::PermissionsExt;
     use std::process::Command;
 
@@ -482,6 +492,9 @@ mod tests {
         std::os::unix::fs::symlink("../outside/target", s.join("d/link")).unwrap();
         let long = "n".repeat(150);
         std::fs::write(s.join("d").join(&long), vec![7u8; 70_000]).unwrap();
+        // Not UTF-8, and long enough for a PAX record.
+        let raw = std::ffi::OsStr::from_bytes(&[b"\xff\xfe-".as_slice(), &[b'r'; 120]].concat()).to_owned();
+        std::fs::write(s.join("d").join(&raw), b"raw").unwrap();
         rustix::fs::setxattr(s.join("d/file").as_path(), "user.note", b"kept", rustix::fs::XattrFlags::empty())
             .unwrap();
         rustix::fs::setxattr(
@@ -533,6 +546,7 @@ mod tests {
         assert_eq!(std::fs::metadata(d.join("hard")).unwrap().ino(), file.ino(), "a hard link stays one");
         assert_eq!(std::fs::read_link(d.join("link")).unwrap().to_str(), Some("../outside/target"));
         assert_eq!(std::fs::read(d.join(&long)).unwrap(), vec![7u8; 70_000]);
+        assert_eq!(std::fs::read(d.join(&raw)).unwrap(), b"raw", "a name's bytes stay as they are");
         let mut note = [0u8; 16];
         let n = rustix::fs::getxattr(d.join("file").as_path(), "user.note", &mut note).unwrap();
         assert_eq!(&note[..n], b"kept");
