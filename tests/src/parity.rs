@@ -8,7 +8,8 @@
 //! that kills the whole tree and keeps the partial output, capped output
 //! with head, tail and a count of what was dropped, kill of a running
 //! exec, a missing program naming its field), limits (memory -> `oom`,
-//! a full disk -> `ENOSPC` inside, the sandbox usable after both),
+//! a full disk -> `ENOSPC` inside, more processes than `pids` -> held at
+//! the limit, the sandbox usable after each),
 //! sessions, files (round trip, typed errors, `..` and symlinks that stay
 //! inside), `pack_diff` into an image a new sandbox starts from, phases,
 //! security events, pause and resume, and the typed end reasons
@@ -188,6 +189,27 @@ pub async fn limit_cases(subject: &Subject<'_>, id: &str) {
     assert!(stderr(&r).contains("No space left"), "a write past the disk size fails with ENOSPC: {r:?}");
     assert_eq!(server.sh_ok(id, "echo fits > /small && cat /small").await, "fits\n", "the disk has room again");
     assert_eq!(server.get(id).await.state, SandboxState::Running);
+
+    // More processes than the pids limit: an inner shell starts sleeps
+    // until a fork fails (which ends it), then the outer one counts them
+    // with builtins only (at the limit nothing new can start) and kills
+    // its whole process group.
+    let pids = subject.create["pids"].as_u64().expect("the create request names pids");
+    let bomb = format!(
+        "sh -c 'i=0; while [ $i -lt {} ]; do sleep 1000 >/dev/null 2>&1 & i=$((i+1)); done' 2>/dev/null; \
+         n=0; for p in /proc/[0-9]*; do read -r c < $p/comm && [ \"$c\" = sleep ] && n=$((n+1)); done 2>/dev/null; \
+         echo $n; kill -9 0",
+        pids + 100
+    );
+    let r = server.sh(id, &bomb).await;
+    let started: u64 = stdout(&r).trim().parse().unwrap_or_else(|_| panic!("a count: {r:?}"));
+    assert!(
+        started < pids && started > pids / 2,
+        "{:?}: {started} sleeps ran under a pids limit of {pids}: {r:?}",
+        subject.backend
+    );
+    assert_no_sleep_left(server, id).await;
+    assert_eq!(server.sh_ok(id, "echo alive").await, "alive\n", "the sandbox outlives its pids limit");
 }
 
 pub async fn session_cases(subject: &Subject<'_>, id: &str) {

@@ -216,6 +216,7 @@ struct Launch {
     layer_files: Vec<PathBuf>,
     vcpus: u32,
     memory_mib: u64,
+    pids: u32,
     /// On the kernel command line (a snapshot's clones keep the template's).
     hostname: String,
     /// The sandbox's hostname: told the guest again with the time after a
@@ -386,6 +387,7 @@ impl MicroVmDriver {
             machine: self.config.machine,
             vcpus: launch.vcpus,
             memory_mib: launch.memory_mib,
+            pids: launch.pids,
             layers: &launch.layer_files,
             writable: &writable,
             serial_sock: &serial_sock,
@@ -496,6 +498,7 @@ impl MicroVmDriver {
             layer_files: layers.clone(),
             vcpus: vcpus(spec),
             memory_mib: spec.resources.memory_mib,
+            pids: spec.resources.pids,
             hostname: spec.hostname.clone(),
             name: spec.hostname.clone(),
             accel,
@@ -511,6 +514,7 @@ impl MicroVmDriver {
             machine: self.config.machine,
             vcpus: vcpus(spec),
             memory_mib: spec.resources.memory_mib,
+            pids: spec.resources.pids,
             layers: &layers,
             writable: &writable,
             serial_sock: &serial_sock,
@@ -571,6 +575,7 @@ impl MicroVmDriver {
                 memory_mib: spec.resources.memory_mib,
                 disk_mib: spec.resources.disk_mib,
                 inodes: spec.resources.inodes,
+                pids: spec.resources.pids,
             },
         })
     }
@@ -1081,6 +1086,7 @@ mod tests {
             layer_files: Vec::new(),
             vcpus: 1,
             memory_mib: 128,
+            pids: 256,
             hostname: id.into(),
             name: id.into(),
             accel: Accel::Tcg,

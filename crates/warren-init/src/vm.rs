@@ -9,7 +9,9 @@
 //! virtio-serial port (see [`warren_init::mux`]).
 //!
 //! The node passes what init needs on the kernel command line:
-//! `warren.layers=<n>`, `warren.hostname=<name>`, `warren.probe` (power
+//! `warren.layers=<n>`, `warren.hostname=<name>`, `warren.pids=<n>` (the
+//! sandbox's pids limit: a guest cgroup for a microVM, the agent unit's
+//! `TasksMax` for a full VM), `warren.probe` (power
 //! off as soon as init runs: the node's check that an accelerator can boot
 //! this guest at all), and `warren.systemd` (a full VM: after stacking the
 //! root, hand PID 1 to the image's systemd and serve the node from a
@@ -69,6 +71,8 @@ struct BootArgs {
     /// `warren.boottrace`: print each boot step's time on the console (how
     /// the boot's split in `bench/results/` was measured).
     trace: bool,
+    /// `warren.pids=N`: the sandbox's pids limit (see [`limit_pids`]).
+    pids: Option<u32>,
 }
 
 /// Set once this process is a microVM's PID 1: only then is
@@ -135,7 +139,7 @@ fn boot() -> Result<Booted, InitError> {
     stack_root(&devices, &trace)?;
     trace("root stacked");
     if args.systemd {
-        systemd::install(Path::new(NEW_ROOT))?;
+        systemd::install(Path::new(NEW_ROOT), args.pids)?;
         switch_root()?;
         return Ok(Booted::Systemd);
     }
@@ -146,6 +150,9 @@ fn boot() -> Result<Booted, InitError> {
     let self_exe = settle_fds(self_exe)?;
     // After `settle_fds`, which takes fds 3 to 5, and while `/rw` is in reach.
     crate::pack::keep_upper_at(c"/rw/upper");
+    if let Some(max) = args.pids {
+        limit_pids(max)?;
+    }
     switch_root()?;
     trace("switch_root");
     mount_pts_and_shm()?;
@@ -198,7 +205,8 @@ fn mount_kernel_fs(root: &str) -> Result<(), InitError> {
 
 fn boot_args() -> Result<BootArgs, InitError> {
     let cmdline = std::fs::read_to_string("/proc/cmdline").step(|| "read /proc/cmdline".into())?;
-    let mut args = BootArgs { layers: 0, hostname: "sandbox".into(), probe: false, systemd: false, trace: false };
+    let mut args =
+        BootArgs { layers: 0, hostname: "sandbox".into(), probe: false, systemd: false, trace: false, pids: None };
     for word in cmdline.split_ascii_whitespace() {
         if let Some(n) = word.strip_prefix("warren.layers=") {
             args.layers = n.parse().map_err(|_| InitError::Refused(format!("bad {word}")))?;
@@ -210,6 +218,8 @@ fn boot_args() -> Result<BootArgs, InitError> {
             args.systemd = true;
         } else if word == "warren.boottrace" {
             args.trace = true;
+        } else if let Some(n) = word.strip_prefix("warren.pids=") {
+            args.pids = Some(n.parse().map_err(|_| InitError::Refused(format!("bad {word}")))?);
         }
     }
     if args.layers == 0 && !args.probe {
@@ -325,6 +335,34 @@ fn stack_root(devices: &Devices, trace: &dyn Fn(&str)) -> Result<(), InitError> 
     rustix::mount::mount("overlay", NEW_ROOT, "overlay", MountFlags::empty(), Some(options.as_c_str()))
         .step(|| "mount the overlay root".into())
 }
+
+/// Holds this process (PID 1) and everything it will ever start - threads
+/// included, as a container's pids cgroup does - to `max` tasks: a cgroup2
+/// hierarchy mounted in the initramfs's tree, which the sandbox never sees
+/// after [`switch_root`] (and, under the seccomp profile, cannot mount
+/// itself), with one child that PID 1 moves into. The kernel's threads stay
+/// in the root.
+fn limit_pids(max: u32) -> Result<(), InitError> {
+    mkdir_all(Path::new(CGROUP_DIR))?;
+    rustix::mount::mount(
+        "cgroup2",
+        CGROUP_DIR,
+        "cgroup2",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        None,
+    )
+    .step(|| format!("mount cgroup2 on {CGROUP_DIR}"))?;
+    let write = |file: &str, value: String| {
+        std::fs::write(format!("{CGROUP_DIR}/{file}"), value).step(|| format!("write {CGROUP_DIR}/{file}"))
+    };
+    write("cgroup.subtree_control", "+pids".into())?;
+    mkdir_all(Path::new(&format!("{CGROUP_DIR}/sandbox")))?;
+    write("sandbox/pids.max", max.to_string())?;
+    write("sandbox/cgroup.procs", std::process::id().to_string())
+}
+
+/// Where a microVM's init mounts the guest's cgroup2 hierarchy.
+const CGROUP_DIR: &str = "/cg";
 
 /// Keeps fds 3 and 4 taken for good (session commands overwrite them in
 /// the child, as in a container) and puts this binary at 5.

@@ -84,6 +84,9 @@ pub struct VmSpec<'a> {
     pub machine: Machine,
     pub vcpus: u32,
     pub memory_mib: u64,
+    /// The guest's init holds every process it starts to this many
+    /// (`warren.pids=` on the kernel command line).
+    pub pids: u32,
     pub layers: &'a [PathBuf],
     pub writable: &'a Path,
     pub serial_sock: &'a Path,
@@ -175,7 +178,13 @@ fn machine_args(cmd: &mut Command, machine: Machine, qemu_accel: Accel, memory_m
 pub fn spawn(spec: &VmSpec<'_>) -> Result<Child> {
     let mut cmd = Command::new(spec.qemu);
     machine_args(&mut cmd, spec.machine, spec.accel, spec.memory_mib, spec.vcpus, spec.jail);
-    let mut append = format!("{} warren.layers={} warren.hostname={}", base_append(), spec.layers.len(), spec.hostname);
+    let mut append = format!(
+        "{} warren.layers={} warren.hostname={} warren.pids={}",
+        base_append(),
+        spec.layers.len(),
+        spec.hostname,
+        spec.pids
+    );
     if spec.machine == Machine::Q35 {
         // systemd names the machine from its first step, not only once the
         // agent runs. No getty on the console: nobody logs in there (it is

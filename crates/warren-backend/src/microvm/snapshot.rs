@@ -77,6 +77,9 @@ pub(super) struct Shape {
     pub memory_mib: u64,
     pub disk_mib: u64,
     pub inodes: u64,
+    /// Set at boot in the guest (see `VmSpec::pids`).
+    #[serde(default)]
+    pub pids: u32,
 }
 
 /// An image layer a snapshot was made from, as it was then.
@@ -140,6 +143,7 @@ impl Template {
             machine: self.machine,
             vcpus: self.shape.vcpus,
             memory_mib: self.shape.memory_mib,
+            pids: self.shape.pids,
             layers: &self.layer_files,
             writable,
             serial_sock: &dir.serial_sock,
@@ -462,6 +466,7 @@ pub(super) async fn restore(
                     layer_files: template.layer_files.clone(),
                     vcpus: template.shape.vcpus,
                     memory_mib: template.shape.memory_mib,
+                    pids: template.shape.pids,
                     hostname: TEMPLATE_HOSTNAME.to_string(),
                     name: hostname.to_string(),
                     accel: template.accel,
@@ -570,7 +575,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let layer = dir.path().join("layer");
         fs::create_dir(&layer).unwrap();
-        let shape = Shape { vcpus: 1, memory_mib: 256, disk_mib: 64, inodes: 1000 };
+        let shape = Shape { vcpus: 1, memory_mib: 256, disk_mib: 64, inodes: 1000, pids: 256 };
         let meta = Meta { sources: vec![Source::of(&layer).unwrap()], shape };
         fs::write(dir.path().join("meta.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
         let read = read_meta(dir.path()).expect("readable");

@@ -46,6 +46,7 @@ const UNIT_NAME: &str = "warren-init.service";
 /// must be able to pick them (an exec ends `oom`, as in a microVM).
 /// OOMPolicy=continue: systemd's default stops the whole unit (the agent
 /// and every exec) when the kernel kills any one of its processes.
+/// `@TASKS_MAX@`: the sandbox's pids limit, filled in by [`install`].
 const UNIT: &str = "\
 [Unit]
 Description=Warren's guest agent (serves the node over virtio-serial)
@@ -55,7 +56,7 @@ Type=simple
 ExecStart=/usr/lib/warren/warren-init --vm-service
 Restart=no
 OOMPolicy=continue
-TasksMax=infinity
+TasksMax=@TASKS_MAX@
 StandardOutput=journal+console
 StandardError=journal+console
 
@@ -66,8 +67,10 @@ WantedBy=multi-user.target
 /// saw it already: this is a margin, not a boot wait).
 const PORT_WAIT: Duration = Duration::from_secs(10);
 
-/// Installs the service into the stacked root at `root`.
-pub fn install(root: &Path) -> Result<(), InitError> {
+/// Installs the service into the stacked root at `root`; `pids` becomes its
+/// `TasksMax` (systemd's pids limit on the unit's cgroup: the agent, its
+/// threads and every command it starts, as a container's pids cgroup).
+pub fn install(root: &Path, pids: Option<u32>) -> Result<(), InitError> {
     let binary = root.join(SERVICE_BINARY);
     if let Some(dir) = binary.parent() {
         mkdir_all(dir)?;
@@ -82,7 +85,9 @@ pub fn install(root: &Path) -> Result<(), InitError> {
     let wants = units.join("multi-user.target.wants");
     mkdir_all(&wants)?;
     let unit = units.join(UNIT_NAME);
-    std::fs::write(&unit, UNIT).step(|| format!("write {}", unit.display()))?;
+    let tasks_max = pids.map_or("infinity".to_string(), |n| n.to_string());
+    let text = UNIT.replace("@TASKS_MAX@", &tasks_max);
+    std::fs::write(&unit, text).step(|| format!("write {}", unit.display()))?;
     let link = wants.join(UNIT_NAME);
     match std::fs::remove_file(&link) {
         Ok(()) => {}
