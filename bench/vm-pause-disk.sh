@@ -125,7 +125,7 @@ stats() {
     echo "- machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)," \
         "$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo), host kernel $(uname -r)"
     echo "- $(qemu-system-x86_64 --version | head -n 1), accelerator tcg (this host's KVM is paravirtual and cannot run the guest)"
-    echo "- guest kernel: $(basename "$(ls /boot/vmlinuz-*-cloud-amd64 | sort | tail -n 1)"), $MEMORY_MIB MiB, 1 vCPU, 256 MiB writable disk, 64 MiB written to /dev/shm"
+    echo "- guest kernel: $(basename "$(ls /boot/vmlinuz-*-cloud-amd64 | sort -V | tail -n 1)"), $MEMORY_MIB MiB, 1 vCPU, 256 MiB writable disk, 64 MiB written to /dev/shm"
     echo "- image: $ROOTFS (Debian bookworm minbase + systemd-sysv + procps)"
     echo "- binaries: $BIN and the warren-init beside it (debug builds)"
     echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ); command: \`bench/vm-pause-disk.sh $SAMPLES\`; load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

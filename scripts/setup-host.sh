@@ -39,7 +39,27 @@ for pkg_file in qemu-system-x86:/usr/bin/qemu-system-x86_64 e2fsprogs:/usr/sbin/
     pkg=${pkg_file%%:*}; file=${pkg_file#*:}
     [ -e "$file" ] || need+=("$pkg")
 done
-compgen -G '/boot/vmlinuz-*-cloud-amd64' >/dev/null || need+=(linux-image-cloud-amd64)
+# The guest kernel must be 6.12 or newer: its Landlock (ABI 6) is what a
+# microVM's phases with protected paths need. Debian 12 has it in
+# bookworm-backports (a Debian suite; nothing else is fetched).
+guest_kernel_ok() {
+    local k newest
+    newest=$(for k in /boot/vmlinuz-*-cloud-amd64; do [ -e "$k" ] && basename "$k" | sed 's/^vmlinuz-//'; done | sort -V | tail -n 1 || true)
+    [ -n "$newest" ] && [ "$(printf '%s\n6.12\n' "$newest" | sort -V | head -n 1)" = 6.12 ]
+}
+kernel_release=
+if ! guest_kernel_ok; then
+    # shellcheck disable=SC1091
+    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+    if [ "$codename" = bookworm ]; then
+        [ -e /etc/apt/sources.list.d/warren-backports.sources ] || printf '%s\n' 'Types: deb' \
+            'URIs: http://deb.debian.org/debian' 'Suites: bookworm-backports' 'Components: main' \
+            'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' >/etc/apt/sources.list.d/warren-backports.sources
+        kernel_release=bookworm-backports
+    else
+        need+=(linux-image-cloud-amd64)
+    fi
+fi
 # The cluster state store: warren-store-etcd's build compiles etcd's protos
 # (protoc), and its tests start real etcd members (Debian's etcd-server).
 for pkg_file in protobuf-compiler:/usr/bin/protoc etcd-server:/usr/bin/etcd; do
@@ -49,8 +69,8 @@ done
 if [ "${WARREN_BENCH:-0}" = 1 ]; then
     [ -x /usr/bin/hyperfine ] || need+=(hyperfine)
 fi
-if [ ${#need[@]} -gt 0 ]; then
-    echo "setup: installing ${need[*]}" >&2
+if [ ${#need[@]} -gt 0 ] || [ -n "$kernel_release" ]; then
+    echo "setup: installing ${need[*]} ${kernel_release:+linux-image-cloud-amd64 from $kernel_release}" >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     # docker-registry's package would start a registry on :5000; the tests
@@ -67,7 +87,10 @@ if [ ${#need[@]} -gt 0 ]; then
             warren_policy_rc=1
         fi
     fi
-    apt-get install -y -qq "${need[@]}" >/dev/null
+    if [ ${#need[@]} -gt 0 ]; then apt-get install -y -qq "${need[@]}" >/dev/null; fi
+    if [ -n "$kernel_release" ]; then
+        apt-get install -y -qq -t "$kernel_release" linux-image-cloud-amd64 >/dev/null
+    fi
     if [ "${warren_policy_rc:-0}" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 if ! command -v cargo >/dev/null; then

@@ -341,13 +341,14 @@ pub async fn pack_cases(subject: &Subject<'_>, id: &str) {
 /// `work` protects nothing; `tidy` neither (a switch to it kills what
 /// `work` left running); `grade` hides `/work/answers`.
 fn phases() -> Value {
-    json!({"work": {}, "tidy": {}, "grade": {"protected_paths": {"/work/answers": "none"}}})
+    json!({"work": {}, "tidy": {}, "grade": {"protected_paths": {"/work/answers": "none", "/work/tests": "read"}}})
 }
 
 /// Phases: a switch kills what earlier phases left running; protected
-/// paths hold for root in a container, and a VM, whose guest kernel's
-/// Landlock cannot enforce them all, refuses them as unsupported (the
-/// sandbox stays in its phase). A function sandbox has no phases.
+/// paths hold for root in a container and a microVM (whose root has none
+/// of a guest root's ways around them), and a full VM, whose systemd would
+/// run anything outside the phase's rules, refuses them as unsupported
+/// (the sandbox stays in its phase). A function sandbox has no phases.
 pub async fn phase_cases(subject: &Subject<'_>, id: &str) {
     let server = subject.server;
     if !subject.stateful() {
@@ -357,7 +358,11 @@ pub async fn phase_cases(subject: &Subject<'_>, id: &str) {
     }
     let phase_path = format!("/v1/sandboxes/{id}/phase");
     server
-        .sh_ok(id, "mkdir -p /work/answers && echo secret > /work/answers/key && (sleep 1000 >/dev/null 2>&1 &)")
+        .sh_ok(
+            id,
+            "mkdir -p /work/answers /work/tests && echo secret > /work/answers/key && echo check > /work/tests/t \
+             && (sleep 1000 >/dev/null 2>&1 &)",
+        )
         .await;
     let (status, body) = server.call(Method::PUT, &phase_path, Some(&json!({"name": "tidy"}))).await;
     assert_eq!(status, StatusCode::OK, "{:?}: {body}", subject.backend);
@@ -366,7 +371,7 @@ pub async fn phase_cases(subject: &Subject<'_>, id: &str) {
 
     let (status, body) = server.call(Method::PUT, &phase_path, Some(&json!({"name": "grade"}))).await;
     match subject.backend {
-        Backend::Microvm | Backend::Vm => {
+        Backend::Vm => {
             assert_unsupported(subject.backend, status, &body);
             assert_eq!(server.get(id).await.phase.as_deref(), Some("tidy"), "a refused switch changes nothing");
             assert_eq!(server.sh_ok(id, "cat /work/answers/key").await, "secret\n");
@@ -376,10 +381,42 @@ pub async fn phase_cases(subject: &Subject<'_>, id: &str) {
             let r = server.sh(id, "cat /work/answers/key").await;
             assert_ne!(r.exit_code, Some(0), "a hidden path is hidden from root: {r:?}");
             assert!(stderr(&r).contains("Permission denied"), "{r:?}");
+            // Read-only holds for truncate(2) too (Landlock ABI 3).
+            let r = server
+                .sh(id, "cat /work/tests/t; truncate -s 0 /work/tests/t; echo x >> /work/tests/t; cat /work/tests/t")
+                .await;
+            assert_eq!(stdout(&r), "check\ncheck\n", "{r:?}");
+            assert_no_way_around_the_rules(subject.backend, server, id).await;
             let (status, body) = server.call(Method::PUT, &phase_path, Some(&json!({"name": "work"}))).await;
             assert_eq!(status, StatusCode::OK, "{body}");
             assert_eq!(server.sh_ok(id, "cat /work/answers/key").await, "secret\n");
         }
+    }
+}
+
+/// In a phase that hides `/work/answers`, root has none of the ways around
+/// a path rule that a guest kernel's root would have: no disk to read raw
+/// (none in `/dev`, and none of its own making), no capability for kernel
+/// memory, modules or the kernel's own interfaces, no sysctl naming a
+/// program the kernel would run as root outside the phase.
+async fn assert_no_way_around_the_rules(backend: Backend, server: &TestServer, id: &str) {
+    let tries = server
+        .sh(
+            id,
+            "echo disks: $(find /dev -type b | wc -l); \
+             mknod /tmp/disk b 254 0 2>/dev/null && echo mknod: made; \
+             echo '|/tmp/helper' > /proc/sys/kernel/core_pattern 2>/dev/null && echo core_pattern: set; \
+             cap=$(awk '/^CapEff/ {print $2}' /proc/self/status); \
+             echo rawio-admin-module: $(( (0x$cap >> 16) & 0x23 ))",
+        )
+        .await;
+    assert_eq!(stdout(&tries), "disks: 0\nrawio-admin-module: 0\n", "{backend:?}: {tries:?}");
+    if backend == Backend::Microvm {
+        // The kernel runs `kernel.modprobe` as full root when a process
+        // asks for a socket family it has no module of: it is empty.
+        assert_eq!(server.sh_ok(id, "cat /proc/sys/kernel/modprobe").await, "\n");
+        let raw = server.sh(id, "head -c 64 /proc/kcore | wc -c").await;
+        assert_eq!(stdout(&raw).trim(), "0", "{raw:?}");
     }
 }
 

@@ -171,6 +171,18 @@ impl MicroVmConfig {
             Machine::Q35 => Backend::Vm,
         }
     }
+
+    /// `Err(why)` when this driver's guests cannot hold a phase's
+    /// protected paths.
+    fn protected_paths(&self) -> std::result::Result<(), &'static str> {
+        match self.machine {
+            Machine::Q35 => Err(GUEST_SYSTEMD),
+            Machine::Micro if release_version(&self.kernel.to_string_lossy()) < LANDLOCK_ABI6_RELEASE => {
+                Err(GUEST_LANDLOCK)
+            }
+            Machine::Micro => Ok(()),
+        }
+    }
 }
 
 fn newest_cloud_kernel() -> Result<PathBuf> {
@@ -184,10 +196,19 @@ fn newest_cloud_kernel() -> Result<PathBuf> {
                 .is_some_and(|n| n.starts_with("vmlinuz-") && n.ends_with("-cloud-amd64"))
         })
         .collect();
-    kernels.sort();
+    kernels.sort_by_key(|k| release_version(&k.to_string_lossy()));
     kernels.pop().ok_or_else(|| {
         BackendError::Setup("no /boot/vmlinuz-*-cloud-amd64 (apt install linux-image-cloud-amd64)".into())
     })
+}
+
+/// `(6, 12, 95)` of `vmlinuz-6.12.95+deb12-cloud-amd64` (or of its release);
+/// what is not a number counts as 0.
+fn release_version(name: &str) -> (u32, u32, u32) {
+    let release = name.rsplit('/').next().unwrap_or(name);
+    let release = release.strip_prefix("vmlinuz-").unwrap_or(release);
+    let mut parts = release.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
 /// What the node persists about a microVM.
@@ -247,11 +268,17 @@ enum Seen {
 
 /// The guest's state while it is paused to disk.
 const PAUSED_MEM: &str = "paused.mem";
-/// Why a VM refuses protected paths: Debian 12's cloud kernel enforces
-/// Landlock ABI 2, and a phase needs 6 (ABI 3 is what stops `truncate(2)`
-/// of a read-only file: without it an agent could empty the tests it may
-/// only read).
+/// Why a microVM refuses protected paths on a guest kernel older than
+/// 6.12 (Debian 12's own 6.1 enforces Landlock ABI 2, and a phase needs 6:
+/// ABI 3 is what stops `truncate(2)` of a read-only file, without which an
+/// agent could empty the tests it may only read).
 const GUEST_LANDLOCK: &str = "phases with protected paths (the guest kernel's Landlock is older than ABI 6)";
+/// Why a full VM refuses them on any kernel: its systemd is outside every
+/// phase's domain and starts whatever a unit names for whoever asks on its
+/// socket (`systemd-run cat /protected`).
+const GUEST_SYSTEMD: &str = "phases with protected paths (the guest's systemd runs units outside the phase's rules)";
+/// The first kernel release whose Landlock has ABI 6.
+const LANDLOCK_ABI6_RELEASE: (u32, u32, u32) = (6, 12, 0);
 /// A `pack_diff` archive holds the writable disk's files plus a header (and
 /// perhaps a PAX record) per file: at most twice the disk and this much
 /// more, or it is not the guest's init that sends it.
@@ -663,7 +690,7 @@ impl Driver for MicroVmDriver {
         check_id(&spec.id)?;
         let backend = self.backend().as_str();
         if !spec.phase.protected_paths.is_empty() {
-            return Err(BackendError::Unsupported(backend, GUEST_LANDLOCK));
+            self.config.protected_paths().map_err(|why| BackendError::Unsupported(backend, why))?;
         }
         if spec.network == warren_api::NetworkMode::Allowlist {
             return Err(BackendError::Unsupported(backend, "allowlist networking"));
@@ -720,7 +747,7 @@ impl Driver for MicroVmDriver {
     async fn set_phase(&self, handle: &SandboxHandle, phase: PhaseRules, kill_running: bool) -> Result<u32> {
         let _ = self.state(handle)?;
         if !phase.protected_paths.is_empty() {
-            return Err(BackendError::Unsupported(self.backend().as_str(), GUEST_LANDLOCK));
+            self.config.protected_paths().map_err(|why| BackendError::Unsupported(self.backend().as_str(), why))?;
         }
         if !self.running().contains_key(&handle.id) {
             return Err(BackendError::Gone);
@@ -1050,6 +1077,13 @@ mod tests {
     use std::sync::{mpsc, Arc};
 
     use super::*;
+
+    #[test]
+    fn kernels_sort_by_version_not_by_spelling() {
+        assert_eq!(release_version("/boot/vmlinuz-6.12.95+deb12-cloud-amd64"), (6, 12, 95));
+        assert_eq!(release_version("6.1.0-57-cloud-amd64"), (6, 1, 0));
+        assert!(release_version("vmlinuz-6.9.1-cloud-amd64") < release_version("vmlinuz-6.12.0-cloud-amd64"));
+    }
 
     #[test]
     fn a_pack_archive_past_its_cap_is_cut_off_with_an_error() {

@@ -328,6 +328,10 @@ pub fn restrict_self(ruleset: RulesetCreated) -> Result<RestrictionStatus, Landl
         ruleset.set_compatibility(CompatLevel::BestEffort).log_new_exec(true)?.no_new_privs(true).restrict_self()?;
     match status.ruleset {
         RulesetStatus::FullyEnforced => Ok(status),
+        // Only the audit-log flag (ABI 7) is asked for on a best-effort
+        // basis: a kernel of ABI 6 enforces all the rest (the ruleset's
+        // rights and scopes are hard requirements of its creation).
+        RulesetStatus::PartiallyEnforced if ABI::from(status.landlock) >= REQUIRED_ABI => Ok(status),
         other => Err(LandlockError::NotEnforced(other)),
     }
 }

@@ -60,6 +60,7 @@ use std::time::Duration;
 use rustix::net::{RecvAncillaryBuffer, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use serde::{Deserialize, Serialize};
 use warren_guard::landlock::{self as ruleset, Level, Plan};
+use warren_guard::profile::{sandbox_capability_mask, Capability};
 use warren_init::proto::{PathAccess, PhaseRules};
 
 use crate::reaper::{ExitWaiter, Registry};
@@ -68,11 +69,13 @@ use crate::sys;
 /// A leader's command name (`/proc/<pid>/comm`), so it can be told from
 /// PID 1, whose memory and command line it shares.
 pub const LEADER_COMM: &str = "phase-leader";
-/// Set once by a microVM's init before any leader starts; never by a
-/// container's. Tells a leader that a phase without protected paths may
-/// run without a Landlock domain when the kernel lacks the required ABI: a
-/// microVM's guest kernel (Debian 6.1) predates it, and the VM itself is
-/// the sandbox's boundary. A phase *with* protected paths is still refused.
+/// Set once by a VM's init before any leader starts; never by a
+/// container's. Tells a leader two things. A phase without protected paths
+/// may run without a Landlock domain when the kernel lacks the required
+/// ABI (an older guest kernel, such as Debian 12's 6.1): the VM itself is
+/// the sandbox's boundary. And the phase's processes would hold the
+/// guest's full root: a phase *with* protected paths first drops to a
+/// container's capabilities less `CAP_MKNOD` (see [`enforce`]).
 pub static LANDLOCK_OPTIONAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// In the leader: its end of the channel to PID 1.
 const CHANNEL_FD: RawFd = 3;
@@ -438,6 +441,15 @@ fn leader_main(landlock_optional: bool) -> ! {
 fn enforce(rules: &PhaseRules, exe: BorrowedFd<'_>, landlock_optional: bool) -> Result<(), (String, bool)> {
     if rules.protected_paths.is_empty() && landlock_optional && !ruleset::supported() {
         return Ok(());
+    }
+    // A guest's root reaches around any path rule with its capabilities:
+    // raw disks and kernel memory (`CAP_SYS_RAWIO`), a device node of its
+    // own making (`CAP_MKNOD`), the kernel's helpers and interfaces
+    // (`CAP_SYS_ADMIN`, `CAP_SYS_MODULE`). The guest's init took the disks'
+    // nodes and the writable sysctls away at boot (`vm::close_kernel_doors`).
+    if landlock_optional && !rules.protected_paths.is_empty() {
+        let mask = sandbox_capability_mask() & !Capability::Mknod.bit();
+        crate::seal::apply_keeping(mask).map_err(|e| (format!("phase `{}`: {e}", rules.name), false))?;
     }
     let fail = |e: ruleset::LandlockError| {
         let rejected = matches!(

@@ -7,7 +7,7 @@
 
 use rustix::process::DumpableBehavior;
 use rustix::thread::{CapabilitySet, CapabilitySets};
-use warren_guard::profile::{sandbox_capability_mask, sandbox_keeps};
+use warren_guard::profile::sandbox_capability_mask;
 
 use crate::error::{InitError, StepContext};
 use crate::sys;
@@ -17,9 +17,14 @@ use crate::sys;
 const MAX_CAPABILITY_NUMBER: u32 = 63;
 
 pub fn apply() -> Result<(), InitError> {
-    drop_bounding_set()?;
+    apply_keeping(sandbox_capability_mask())
+}
+
+/// As [`apply`], keeping the capabilities of `mask` (bit `n` for number `n`).
+pub fn apply_keeping(mask: u64) -> Result<(), InitError> {
+    drop_bounding_set(mask)?;
     rustix::thread::clear_ambient_capability_set().step(|| "step 4: clear the ambient capabilities".into())?;
-    let kept = CapabilitySet::from_bits_retain(sandbox_capability_mask());
+    let kept = CapabilitySet::from_bits_retain(mask);
     rustix::thread::set_capabilities(
         None,
         CapabilitySets { effective: kept, permitted: kept, inheritable: CapabilitySet::empty() },
@@ -30,9 +35,9 @@ pub fn apply() -> Result<(), InitError> {
         .step(|| "step 4: prctl(PR_SET_DUMPABLE, 0)".into())
 }
 
-fn drop_bounding_set() -> Result<(), InitError> {
+fn drop_bounding_set(mask: u64) -> Result<(), InitError> {
     for number in 0..=MAX_CAPABILITY_NUMBER {
-        if sandbox_keeps(number) {
+        if mask & (1u64 << number) != 0 {
             continue;
         }
         let known =

@@ -156,6 +156,7 @@ fn boot() -> Result<Booted, InitError> {
     switch_root()?;
     trace("switch_root");
     mount_pts_and_shm()?;
+    close_kernel_doors(&devices)?;
     rustix::system::sethostname(args.hostname.as_bytes()).step(|| "sethostname".into())?;
     sys::bring_loopback_up().step(|| "bring up lo".into())?;
     let port = open_port(&devices.port)?;
@@ -395,6 +396,30 @@ fn switch_root() -> Result<(), InitError> {
     rustix::process::chdir("/").step(|| "chdir /".into())?;
     rustix::mount::mount_change("/", MountPropagationFlags::PRIVATE | MountPropagationFlags::REC)
         .step(|| "make mounts private".into())
+}
+
+/// Takes from the guest's root what would let a process that holds
+/// root's file access - but not its capabilities, as in a phase with
+/// protected paths (see `leader`) - get around Landlock: the disks' nodes
+/// (the layers' and the writable disk's raw bytes hold every protected
+/// file; the mounts keep the devices), the kernel's module loader (it runs
+/// `/sbin/modprobe` of the image as full root, outside every domain, when
+/// a socket of an unknown family is asked for), and writes to
+/// `/proc/sys` and `/sys` (`core_pattern` names a program the kernel runs
+/// the same way). The seccomp profile keeps the sandbox from mounting them
+/// back.
+fn close_kernel_doors(devices: &Devices) -> Result<(), InitError> {
+    for disk in devices.layers.iter().chain([&devices.rw]) {
+        std::fs::remove_file(disk).step(|| format!("remove {}", disk.display()))?;
+    }
+    std::fs::write("/proc/sys/kernel/modprobe", "\n").step(|| "clear kernel.modprobe".into())?;
+    std::fs::write("/proc/sys/kernel/modules_disabled", "1").step(|| "set kernel.modules_disabled".into())?;
+    for target in ["/proc/sys", "/sys"] {
+        rustix::mount::mount_bind(target, target).step(|| format!("bind {target}"))?;
+        let flags = MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+        rustix::mount::mount_remount(target, flags, "").step(|| format!("make {target} read-only"))?;
+    }
+    Ok(())
 }
 
 /// What a container's root has and the kernel does not mount by itself

@@ -1,7 +1,9 @@
 //! The guest's initramfs: `warren-init` as `/init` and the few kernel
-//! modules it loads (the Debian cloud kernel builds virtio, the block and
-//! console drivers, EROFS and overlayfs as modules), as an uncompressed
-//! `newc` cpio archive. Built once per driver; nothing of the image is in it.
+//! modules it loads (the Debian cloud kernel builds the virtio transports
+//! and block driver, EROFS and overlayfs as modules; which ones and in what
+//! order comes from the kernel's `modules.dep`), uncompressed, as an
+//! uncompressed `newc` cpio archive. Built once per driver; nothing of the
+//! image is in it.
 //!
 //! Everything in it is cut to what the guest uses, because the kernel
 //! unpacks the whole archive on every boot, under TCG at tens of
@@ -16,33 +18,14 @@ use std::path::{Path, PathBuf};
 
 use crate::{BackendError, Result};
 
-/// Module paths under `/lib/modules/<release>/kernel`, in load order
-/// (dependencies first; `virtio_mmio` binds the devices QEMU's microvm
-/// machine describes in ACPI).
-pub const MODULES: &[&str] = &[
-    "drivers/virtio/virtio_ring",
-    "drivers/virtio/virtio",
-    "drivers/virtio/virtio_mmio",
-    "drivers/block/virtio_blk",
-    "drivers/char/virtio_console",
-    "lib/libcrc32c",
-    "fs/erofs/erofs",
-    "fs/overlayfs/overlay",
-];
+/// The modules the guest needs, by name; [`load_order`] adds what they
+/// depend on and leaves out what the kernel has built in (Debian 12's 6.1
+/// builds the virtio core and console as modules, 6.12 builds them in).
+/// `virtio_mmio` binds the devices QEMU's microvm machine describes in ACPI.
+pub const MODULES: &[&str] = &["virtio_mmio", "virtio_blk", "virtio_console", "erofs", "overlay"];
 
 /// The same for a q35 full VM: its virtio devices sit on PCI.
-pub const Q35_MODULES: &[&str] = &[
-    "drivers/virtio/virtio_ring",
-    "drivers/virtio/virtio",
-    "drivers/virtio/virtio_pci_legacy_dev",
-    "drivers/virtio/virtio_pci_modern_dev",
-    "drivers/virtio/virtio_pci",
-    "drivers/block/virtio_blk",
-    "drivers/char/virtio_console",
-    "lib/libcrc32c",
-    "fs/erofs/erofs",
-    "fs/overlayfs/overlay",
-];
+pub const Q35_MODULES: &[&str] = &["virtio_pci", "virtio_blk", "virtio_console", "erofs", "overlay"];
 
 /// Writes the archive to `dest` (through a temporary file, so a reader never
 /// sees half of one).
@@ -55,10 +38,10 @@ pub fn build(init_binary: &Path, modules_dir: &Path, modules: &[&str], dest: &Pa
     let init = fs::read(init_binary).map_err(|e| io_err("read", init_binary, e))?;
     archive.file("init", 0o755, &loadable_image(&init));
     let mut order = String::new();
-    for module in modules {
-        let path = modules_dir.join("kernel").join(format!("{module}.ko"));
-        let bytes = fs::read(&path).map_err(|e| io_err("read", &path, e))?;
-        let name = module.rsplit('/').next().unwrap_or(module);
+    for module in load_order(modules_dir, modules)? {
+        let path = modules_dir.join(&module);
+        let bytes = uncompressed(&path)?;
+        let name = module_name(&module);
         archive.file(&format!("modules/{name}.ko"), 0o644, without_signature(&bytes));
         order.push_str(name);
         order.push('\n');
@@ -71,6 +54,75 @@ pub fn build(init_binary: &Path, modules_dir: &Path, modules: &[&str], dest: &Pa
         let _ = fs::remove_file(&tmp);
         io_err("write", dest, e)
     })
+}
+
+/// The module files (relative to `modules_dir`) to load for `wanted`, each
+/// after what it depends on, from the kernel's own `modules.dep` and
+/// `modules.builtin` (what `depmod` wrote when the package was installed).
+fn load_order(modules_dir: &Path, wanted: &[&str]) -> Result<Vec<String>> {
+    let read = |name: &str| {
+        let path = modules_dir.join(name);
+        fs::read_to_string(&path).map_err(|e| BackendError::io(format!("read {} (run depmod)", path.display()), e))
+    };
+    let builtin = read("modules.builtin")?;
+    let deps = read("modules.dep")?;
+    plan_load_order(&builtin, &deps, wanted)
+}
+
+/// [`load_order`] over the two files' text. `modules.dep` lists a module's
+/// dependencies so that loading them from the last to the first works (as
+/// `modprobe` does).
+fn plan_load_order(builtin: &str, deps: &str, wanted: &[&str]) -> Result<Vec<String>> {
+    let same = |a: &str, b: &str| a.replace('-', "_") == b.replace('-', "_");
+    let mut order: Vec<String> = Vec::new();
+    for name in wanted {
+        if builtin.lines().any(|line| same(module_name(line), name)) {
+            continue;
+        }
+        let line = deps
+            .lines()
+            .find(|line| line.split_once(':').is_some_and(|(module, _)| same(module_name(module), name)))
+            .ok_or_else(|| BackendError::Setup(format!("the guest kernel has no module {name} (modules.dep)")))?;
+        let (module, needs) = line.split_once(':').unwrap_or((line, ""));
+        for file in needs.split_ascii_whitespace().rev().chain([module.trim()]) {
+            if !order.iter().any(|known| known == file) {
+                order.push(file.to_string());
+            }
+        }
+    }
+    Ok(order)
+}
+
+/// `virtio_blk` of `kernel/drivers/block/virtio_blk.ko.xz`.
+fn module_name(path: &str) -> &str {
+    let file = path.trim().rsplit('/').next().unwrap_or(path);
+    file.split_once(".ko").map_or(file, |(name, _)| name)
+}
+
+/// A module's bytes as the kernel's loader reads them: Debian's 6.12
+/// packages compress each module with xz, and decompressing once on the
+/// host beats the guest doing it on every boot under TCG.
+fn uncompressed(path: &Path) -> Result<Vec<u8>> {
+    let tool = match path.extension().and_then(|e| e.to_str()) {
+        Some("xz") => "xz",
+        Some("zst") => "zstd",
+        Some("gz") => "gzip",
+        _ => return fs::read(path).map_err(|e| BackendError::io(format!("read {}", path.display()), e)),
+    };
+    let out = std::process::Command::new(tool)
+        .arg("-dc")
+        .arg(path)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| BackendError::io(format!("run {tool} -dc {}", path.display()), e))?;
+    if !out.status.success() {
+        return Err(BackendError::Setup(format!(
+            "{tool} -dc {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(out.stdout)
 }
 
 /// Debian signs its modules; this kernel checks a signature that is there
@@ -200,6 +252,29 @@ impl Cpio {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn modules_load_after_their_dependencies_and_builtins_are_left_out() {
+        let builtin = "kernel/drivers/virtio/virtio.ko\nkernel/drivers/char/virtio_console.ko\n";
+        let deps = "kernel/fs/erofs/erofs.ko.xz: kernel/lib/libcrc32c.ko.xz\n\
+                    kernel/lib/libcrc32c.ko.xz:\n\
+                    kernel/drivers/net/virtio_net.ko.xz: kernel/drivers/net/net_failover.ko.xz kernel/net/core/failover.ko.xz\n\
+                    kernel/drivers/block/virtio_blk.ko.xz:\n";
+        let order = plan_load_order(builtin, deps, &["virtio_console", "erofs", "virtio-net", "virtio_blk"]).unwrap();
+        assert_eq!(
+            order,
+            [
+                "kernel/lib/libcrc32c.ko.xz",
+                "kernel/fs/erofs/erofs.ko.xz",
+                "kernel/net/core/failover.ko.xz",
+                "kernel/drivers/net/net_failover.ko.xz",
+                "kernel/drivers/net/virtio_net.ko.xz",
+                "kernel/drivers/block/virtio_blk.ko.xz",
+            ]
+        );
+        let missing = plan_load_order(builtin, deps, &["overlay"]).unwrap_err();
+        assert!(missing.to_string().contains("overlay"), "{missing}");
+    }
 
     #[test]
     fn a_module_signature_is_cut_and_anything_else_kept() {
