@@ -243,6 +243,19 @@ async fn wait_event(server: &TestServer, id: &str, kind: SecurityEventKind, need
     }
 }
 
+/// A peer with echo servers on ports 80 and 81, and a `--dns-hosts` file
+/// (in the returned temporary directory) holding `hosts(&peer)`.
+fn echo_peer_named(hosts: impl FnOnce(&Peer) -> String) -> (u8, Peer, tempfile::TempDir, PathBuf) {
+    let b = block();
+    let mut peer = Peer::new(b);
+    peer.serve_echo(80);
+    peer.serve_echo(81);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("hosts");
+    std::fs::write(&path, hosts(&peer)).expect("hosts file");
+    (b, peer, dir, path)
+}
+
 fn cidr_rule(addr: Ipv4Addr, ports: &[u16], protocol: &str) -> Value {
     json!({"cidr": addr.to_string(), "ports": ports, "protocol": protocol})
 }
@@ -527,13 +540,7 @@ async fn ipv6_egress_is_routed_and_held_to_the_same_policy() {
         std::path::Path::new("/proc/sys/net/ipv6/conf/all/force_forwarding").exists(),
         "IPv6 egress needs per-interface force_forwarding (Linux 6.17+)"
     );
-    let b = block();
-    let mut peer = Peer::new(b);
-    peer.serve_echo(80);
-    peer.serve_echo(81);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let hosts = dir.path().join("hosts");
-    std::fs::write(&hosts, format!("{} mirror6.test\n", peer.addr6)).expect("hosts file");
+    let (b, peer, _dir, hosts) = echo_peer_named(|peer| format!("{} mirror6.test\n", peer.addr6));
     // A holder a killed server left on the peer's veth: no such process,
     // so the first server touching the registry lets it go.
     let ghost = PathBuf::from(FORCE_FORWARDING).join(&peer.host_if);
@@ -608,4 +615,79 @@ async fn ipv6_egress_is_routed_and_held_to_the_same_policy() {
     if !still_held {
         assert_eq!(force_forwarding(&peer.host_if), "0", "the peer veth's force_forwarding is back off");
     }
+}
+
+/// A VM in `allowlist` mode: QEMU runs in the sandbox's network namespace
+/// and cgroup, so the guest's connections (QEMU's user-mode network makes
+/// them QEMU's own sockets) meet the same veth, NAT, egress programs,
+/// platform resolver and live policy changes as a container's, also after
+/// a pause to disk.
+#[tokio::test]
+async fn a_microvm_reaches_only_what_its_policy_allows() {
+    vm_egress_case(warren_api::Backend::Microvm).await;
+}
+
+/// The same for a full VM (systemd's image; `getent` resolves through
+/// glibc, which reads the same `/etc/resolv.conf`).
+#[tokio::test]
+async fn a_full_vm_reaches_only_what_its_policy_allows() {
+    vm_egress_case(warren_api::Backend::Vm).await;
+}
+
+async fn vm_egress_case(backend: warren_api::Backend) {
+    guest::require_qemu_and_kernel("network");
+    let (b, peer, _dir, hosts) = echo_peer_named(|peer| format!("{} mirror.test\n", peer.addr));
+    let (server, objects) = start(b, &["--dns-hosts", hosts.to_str().expect("utf-8 path")]).await;
+    let policy = json!({"rules": [cidr_rule(peer.addr, &[80], "tcp"), {"domain": "mirror.test", "ports": [81]}]});
+    let mut request = small(json!({"backend": backend, "network": "allowlist", "network_policy": policy}));
+    let (lookup, run_dir) = match backend {
+        warren_api::Backend::Vm => {
+            guest::import_systemd_image(&server).await;
+            request["image"] = json!(guest::SYSTEMD_IMAGE);
+            request["memory_mib"] = json!(512);
+            request["disk_mib"] = json!(128);
+            ("getent hosts mirror.test", "fullvm")
+        }
+        _ => ("nslookup mirror.test", "vm"),
+    };
+    let (status, body) = server.try_create(&request).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}\nlog:\n{}", server.log_tail(30));
+    let sb: SandboxInfo = serde_json::from_value(body).expect("a sandbox info");
+    let bytes = std::fs::read(probe_binary()).expect("read the probe");
+    let (status, body) = server.put_file(&sb.id, PROBE, bytes, Some("755")).await;
+    assert_eq!(status, StatusCode::OK, "upload the probe: {body}");
+    assert_eq!(objects.veths().len(), 1, "one veth for the VM");
+
+    assert_eq!(probe(&server, &sb.id, &format!("tcp {} 80", peer.addr)).await, "tcp OK\necho OK\n");
+    // QEMU's connect is refused: the guest sees its connection reset.
+    let refused = probe(&server, &sb.id, &format!("tcp {} 81", peer.addr)).await;
+    assert!(!refused.contains("tcp OK"), "port 81 before its name was resolved: {refused}");
+    let event = wait_event(&server, &sb.id, SecurityEventKind::NetworkBlocked, &format!("{}:81", peer.addr)).await;
+    assert_eq!((event.syscall.as_str(), event.pid, event.comm.as_str()), ("connect", 0, ""), "no host pid: {event:?}");
+
+    let resolv = server.sh_ok(&sb.id, "cat /etc/resolv.conf").await;
+    assert!(resolv.starts_with("nameserver 10.250."), "{resolv}");
+    let found = server.sh_ok(&sb.id, lookup).await;
+    assert!(found.contains(&peer.addr.to_string()), "{found}");
+    assert_eq!(probe(&server, &sb.id, &format!("tcp {} 81", peer.addr)).await, "tcp OK\necho OK\n", "pinned");
+
+    // Paused to disk and resumed, QEMU starts again in the same namespace.
+    let mem = server.data_dir().join(run_dir).join(&sb.id).join("paused.mem");
+    let vm_instance = match backend {
+        warren_api::Backend::Vm => leaks::full_vm_instance(&server.instance),
+        _ => leaks::vm_instance(&server.instance),
+    };
+    let check = format!("{PROBE} tcp {} 80", peer.addr);
+    guest::disk_pause_round(&server, &sb.id, 0, (&mem, &vm_instance), (&check, "tcp OK\necho OK\n")).await;
+
+    // A live change applies to the guest's next connection.
+    let (status, body) = put_network(&server, &sb.id, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let cut = probe(&server, &sb.id, &format!("tcp {} 80", peer.addr)).await;
+    assert!(!cut.contains("tcp OK"), "nothing allowed any more: {cut}");
+
+    guest::delete_leaves_nothing(backend, &server, &sb.id).await;
+    assert_eq!(objects.veths(), Vec::<String>::new(), "destroy removes the veth");
+    server.finish().await;
+    objects.assert_gone();
 }

@@ -58,8 +58,9 @@ mod snapshot;
 
 use std::collections::HashMap;
 use std::fs;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -67,7 +68,7 @@ use serde::{Deserialize, Serialize};
 use tokio::process::Child;
 use tokio::sync::OnceCell;
 use warren_api::{Backend, Usage, VmBoot};
-use warren_guard::cgroup::{Limits, SandboxCgroup};
+use warren_guard::cgroup::{Limits, SandboxCgroup, UNIFIED};
 
 pub use self::qemu::{Accel, AccelChoice, Machine};
 use self::qemu::{ConsoleTail, VmSpec};
@@ -211,6 +212,29 @@ fn release_version(name: &str) -> (u32, u32, u32) {
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
+/// A new, empty network namespace, held by the descriptor alone (no
+/// mount to leak: it ends with the last descriptor, QEMU's or the
+/// driver's). Made on a thread of its own, which alone enters it.
+fn new_netns() -> Result<OwnedFd> {
+    std::thread::spawn(|| -> std::io::Result<OwnedFd> {
+        // SAFETY: a new network namespace changes only which network
+        // this short-lived thread's later sockets and opens of
+        // `/proc/thread-self/ns/net` see; no memory or descriptor is shared
+        // differently afterwards (the hazard `unshare_unsafe` names is
+        // CLONE_FILES/CLONE_VM-like flags).
+        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }?;
+        let ns = rustix::fs::open(
+            "/proc/thread-self/ns/net",
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        Ok(ns)
+    })
+    .join()
+    .map_err(|_| BackendError::Setup("the network namespace thread panicked".into()))?
+    .map_err(|e| BackendError::io("make a network namespace", e))
+}
+
 /// What the node persists about a microVM.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct HandleState {
@@ -246,6 +270,10 @@ struct Launch {
     accel: Accel,
     /// The mux's first stream id: past every id the guest has seen.
     first_stream: u32,
+    /// The network namespace QEMU runs in (an `allowlist` sandbox): held
+    /// here so that it, and the node's veth in it, outlive a QEMU that a
+    /// pause to disk ends.
+    netns: Option<Arc<OwnedFd>>,
 }
 
 /// A VM paused to disk: no QEMU runs; `paused.mem` in its directory holds
@@ -422,6 +450,7 @@ impl MicroVmDriver {
             hostname: &launch.hostname,
             jail: &self.config.run_dir.join(".jail"),
             incoming: Some(mem),
+            netns: launch.netns.as_deref().map(|fd| fd.as_fd()),
             writable_by_fd: true,
         })
     }
@@ -514,7 +543,13 @@ impl MicroVmDriver {
     }
 
     /// Everything after the directory and cgroup exist.
-    async fn boot(&self, spec: &SandboxSpec, dir: &Path, cgroup: &SandboxCgroup) -> Result<(Running, Accel)> {
+    async fn boot(
+        &self,
+        spec: &SandboxSpec,
+        dir: &Path,
+        cgroup: &SandboxCgroup,
+        netns: Option<Arc<OwnedFd>>,
+    ) -> Result<(Running, Accel)> {
         let entered = std::time::Instant::now();
         let layers = self.layer_files(&spec.layers).await?;
         let initramfs = self.initramfs().await?.to_path_buf();
@@ -530,6 +565,7 @@ impl MicroVmDriver {
             name: spec.hostname.clone(),
             accel,
             first_stream: 1,
+            netns,
         };
         let serial_sock = dir.join("port.sock");
         let qmp_sock = self.qmp_sock(&spec.id);
@@ -549,6 +585,7 @@ impl MicroVmDriver {
             hostname: &spec.hostname,
             jail: &self.config.run_dir.join(".jail"),
             incoming: None,
+            netns: launch.netns.as_deref().map(|fd| fd.as_fd()),
             // A pause to disk migrates this QEMU (see `VmSpec`).
             writable_by_fd: true,
         };
@@ -614,8 +651,10 @@ impl MicroVmDriver {
         spec: &SandboxSpec,
         dir: &Path,
         cgroup: &SandboxCgroup,
+        netns: Option<Arc<OwnedFd>>,
     ) -> Result<(Running, Accel, VmBoot)> {
-        if self.config.snapshots {
+        // A snapshot's guest has no network device: a sandbox with one boots.
+        if self.config.snapshots && netns.is_none() {
             let template = self.template(spec).await;
             let keyed = template.and_then(|t| self.snapshots.key(&t).map(|key| (t, key)));
             match keyed {
@@ -635,7 +674,7 @@ impl MicroVmDriver {
                 Err(e) => tracing::warn!(sandbox = %spec.id, "no snapshot boot: {e}"),
             }
         }
-        let (running, accel) = self.boot(spec, dir, cgroup).await?;
+        let (running, accel) = self.boot(spec, dir, cgroup, netns).await?;
         Ok((running, accel, VmBoot::Cold))
     }
 
@@ -692,9 +731,6 @@ impl Driver for MicroVmDriver {
         if !spec.phase.protected_paths.is_empty() {
             self.config.protected_paths().map_err(|why| BackendError::Unsupported(backend, why))?;
         }
-        if spec.network == warren_api::NetworkMode::Allowlist {
-            return Err(BackendError::Unsupported(backend, "allowlist networking"));
-        }
         if spec.resources.memory_mib < MIN_MEMORY_MIB {
             return Err(BackendError::Unsupported(backend, "memory below 128 MiB"));
         }
@@ -715,9 +751,13 @@ impl Driver for MicroVmDriver {
             cpus: spec.resources.cpus,
             pids: QEMU_PIDS,
         };
-        let booted = match cgroup.create(&limits).map_err(cgroup_err) {
-            Ok(()) => self.restore_or_boot(spec, &dir, &cgroup).await,
-            Err(e) => Err(e),
+        let netns = match spec.network {
+            warren_api::NetworkMode::Allowlist => new_netns().map(|ns| Some(Arc::new(ns))),
+            _ => Ok(None),
+        };
+        let booted = match (cgroup.create(&limits).map_err(cgroup_err), netns) {
+            (Ok(()), Ok(netns)) => self.restore_or_boot(spec, &dir, &cgroup, netns).await,
+            (Err(e), _) | (_, Err(e)) => Err(e),
         };
         let handle = match booted {
             Ok((running, accel, boot)) => {
@@ -970,6 +1010,22 @@ impl Driver for MicroVmDriver {
         Ok(crate::remote_files::RemoteFiles::new(self.ctl_sock(&handle.id)))
     }
 
+    /// QEMU's network namespace (see [`VmSpec::netns`]) and cgroup.
+    fn network_target(&self, handle: &SandboxHandle) -> Result<crate::NetworkTarget> {
+        let _ = self.state(handle)?;
+        let netns = {
+            let running = self.running();
+            let on_disk = self.on_disk();
+            let launch = running.get(&handle.id).map(|vm| &vm.launch).or(on_disk.get(&handle.id).map(|vm| &vm.launch));
+            match launch.map(|l| l.netns.as_ref()) {
+                None => return Err(BackendError::Gone),
+                Some(None) => return Err(BackendError::Unsupported(self.backend().as_str(), "egress networking")),
+                Some(Some(ns)) => ns.try_clone().map_err(|e| BackendError::io("duplicate the netns", e))?,
+            }
+        };
+        Ok(crate::NetworkTarget { netns, cgroup2_dir: self.cgroup(&handle.id)?.path(UNIFIED) })
+    }
+
     async fn events(&self, handle: &SandboxHandle, after_seq: u64) -> Result<EventBatch> {
         let _ = self.state(handle)?;
         channel::events(&self.ctl_sock(&handle.id), after_seq).await
@@ -1125,6 +1181,7 @@ mod tests {
             name: id.into(),
             accel: Accel::Tcg,
             first_stream: 1,
+            netns: None,
         };
         driver.running().insert(id.into(), Running { qemu, _mux: mux::Mux::detached(), paused: false, launch });
         let state = HandleState { dir: driver.dir(id), accel: Accel::Tcg, boot: None };

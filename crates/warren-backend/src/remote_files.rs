@@ -226,6 +226,16 @@ pub enum FileAccessWriter {
 }
 
 impl FileAccess {
+    /// How the sandbox of `handle` is reached: through a root the node
+    /// holds open if the driver offers one, else through its init.
+    pub fn of(driver: &dyn crate::Driver, handle: &crate::SandboxHandle) -> crate::Result<FileAccess> {
+        match driver.fs_root(handle) {
+            Ok(root) => Ok(FileAccess::Local(root)),
+            Err(crate::BackendError::Unsupported(..)) => Ok(FileAccess::Remote(driver.remote_files(handle)?)),
+            Err(e) => Err(e),
+        }
+    }
+
     pub fn stat(&self, path: &str) -> Result<FileStat> {
         match self {
             FileAccess::Local(root) => files::stat(root, path),

@@ -3,6 +3,7 @@
 //! outside `pre_exec` hooks lives here.
 
 use std::io;
+use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 /// What `fork` returned to this process.
@@ -204,25 +205,77 @@ pub fn move_fd(fd: OwnedFd, target: RawFd) -> io::Result<OwnedFd> {
 
 /// Sets `IFF_UP` on the loopback interface of this network namespace.
 pub fn bring_loopback_up() -> io::Result<()> {
+    let sock = inet_socket()?;
+    bring_up(&sock, "lo")
+}
+
+/// Gives interface `name` the IPv4 address `addr`/`prefix`, brings it up
+/// and routes everything beyond its network through `gateway`.
+pub fn configure_ipv4(name: &str, addr: Ipv4Addr, prefix: u8, gateway: Ipv4Addr) -> io::Result<()> {
+    let sock = inet_socket()?;
+    let mut req = ifreq(name)?;
+    req.ifr_ifru.ifru_addr = sockaddr_v4(addr);
+    ioctl(&sock, libc::SIOCSIFADDR, &mut req)?;
+    let mask = u32::MAX.checked_shl(32 - u32::from(prefix.min(32))).unwrap_or(0);
+    req.ifr_ifru.ifru_netmask = sockaddr_v4(Ipv4Addr::from(mask));
+    ioctl(&sock, libc::SIOCSIFNETMASK, &mut req)?;
+    bring_up(&sock, name)?;
+    // SAFETY: an all-zero `rtentry` is a valid value of this plain C
+    // struct (null device: the kernel picks it by the gateway).
+    let mut route: libc::rtentry = unsafe { std::mem::zeroed() };
+    route.rt_dst = sockaddr_v4(Ipv4Addr::UNSPECIFIED);
+    route.rt_genmask = sockaddr_v4(Ipv4Addr::UNSPECIFIED);
+    route.rt_gateway = sockaddr_v4(gateway);
+    route.rt_flags = libc::RTF_UP | libc::RTF_GATEWAY;
+    ioctl(&sock, libc::SIOCADDRT, &mut route)
+}
+
+fn inet_socket() -> io::Result<OwnedFd> {
     use rustix::net::{socket_with, AddressFamily, SocketFlags, SocketType};
-    let sock = socket_with(AddressFamily::INET, SocketType::DGRAM, SocketFlags::CLOEXEC, None)?;
+    Ok(socket_with(AddressFamily::INET, SocketType::DGRAM, SocketFlags::CLOEXEC, None)?)
+}
+
+/// An `ifreq` naming interface `name`, all else zero.
+fn ifreq(name: &str) -> io::Result<libc::ifreq> {
     // SAFETY: an all-zero `ifreq` is a valid value of this plain C struct.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
+    if name.len() >= req.ifr_name.len() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "interface name too long"));
     }
-    // SAFETY: `req` is a valid ifreq naming "lo"; SIOCGIFFLAGS writes only
-    // its flags member.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } == -1 {
-        return Err(io::Error::last_os_error());
+    for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *dst = src as libc::c_char;
     }
+    Ok(req)
+}
+
+fn bring_up(sock: &OwnedFd, name: &str) -> io::Result<()> {
+    let mut req = ifreq(name)?;
+    ioctl(sock, libc::SIOCGIFFLAGS, &mut req)?;
     // SAFETY: SIOCGIFFLAGS just set the flags member of the union.
     unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
-    // SAFETY: `req` is a valid ifreq; SIOCSIFFLAGS only reads it.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } == -1 {
+    ioctl(sock, libc::SIOCSIFFLAGS, &mut req)
+}
+
+/// One of the socket ioctls above on `arg` (an `ifreq` or an `rtentry`).
+fn ioctl<T>(sock: &OwnedFd, request: libc::c_ulong, arg: &mut T) -> io::Result<()> {
+    // SAFETY: every caller passes the struct its request reads or writes
+    // (SIOC[GS]IF* an `ifreq`, SIOCADDRT an `rtentry`), valid for the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), request, arg as *mut T) } == -1 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+fn sockaddr_v4(addr: Ipv4Addr) -> libc::sockaddr {
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(addr.octets()) },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: both are 16 bytes of plain data; the kernel reads a
+    // `sockaddr` as the `sockaddr_in` its family names.
+    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
 }
 
 /// Drops capability `number` from the bounding set. `Ok(false)` when the

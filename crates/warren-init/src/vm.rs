@@ -73,6 +73,9 @@ struct BootArgs {
     trace: bool,
     /// `warren.pids=N`: the sandbox's pids limit (see [`limit_pids`]).
     pids: Option<u32>,
+    /// `warren.net`: the VM has a network device (an `allowlist` sandbox;
+    /// see [`configure_network`]).
+    net: bool,
 }
 
 /// Set once this process is a microVM's PID 1: only then is
@@ -132,7 +135,11 @@ fn boot() -> Result<Booted, InitError> {
         }
     };
     trace("init runs");
-    load_modules(&trace)?;
+    load_modules("order", &trace)?;
+    if args.net {
+        load_modules("net-order", &trace)?;
+        configure_network()?;
+    }
     trace("modules loaded");
     let devices = wait_for_devices(args.layers)?;
     trace("devices found");
@@ -206,8 +213,15 @@ fn mount_kernel_fs(root: &str) -> Result<(), InitError> {
 
 fn boot_args() -> Result<BootArgs, InitError> {
     let cmdline = std::fs::read_to_string("/proc/cmdline").step(|| "read /proc/cmdline".into())?;
-    let mut args =
-        BootArgs { layers: 0, hostname: "sandbox".into(), probe: false, systemd: false, trace: false, pids: None };
+    let mut args = BootArgs {
+        layers: 0,
+        hostname: "sandbox".into(),
+        probe: false,
+        systemd: false,
+        trace: false,
+        pids: None,
+        net: false,
+    };
     for word in cmdline.split_ascii_whitespace() {
         if let Some(n) = word.strip_prefix("warren.layers=") {
             args.layers = n.parse().map_err(|_| InitError::Refused(format!("bad {word}")))?;
@@ -217,6 +231,8 @@ fn boot_args() -> Result<BootArgs, InitError> {
             args.probe = true;
         } else if word == "warren.systemd" {
             args.systemd = true;
+        } else if word == "warren.net" {
+            args.net = true;
         } else if word == "warren.boottrace" {
             args.trace = true;
         } else if let Some(n) = word.strip_prefix("warren.pids=") {
@@ -229,9 +245,9 @@ fn boot_args() -> Result<BootArgs, InitError> {
     Ok(args)
 }
 
-/// Loads the modules in the order the node wrote to `/modules/order`.
-fn load_modules(trace: &dyn Fn(&str)) -> Result<(), InitError> {
-    let order = std::fs::read_to_string(format!("{MODULES_DIR}/order")).step(|| "read the module order".into())?;
+/// Loads the modules in the order the node wrote to `/modules/<list>`.
+fn load_modules(list: &str, trace: &dyn Fn(&str)) -> Result<(), InitError> {
+    let order = std::fs::read_to_string(format!("{MODULES_DIR}/{list}")).step(|| format!("read {list}"))?;
     for name in order.lines().filter(|l| !l.is_empty()) {
         let path = format!("{MODULES_DIR}/{name}.ko");
         let file = rustix::fs::open(path.as_str(), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
@@ -243,6 +259,29 @@ fn load_modules(trace: &dyn Fn(&str)) -> Result<(), InitError> {
         trace(name);
     }
     Ok(())
+}
+
+/// The guest's side of QEMU's user-mode network (slirp's defaults): the
+/// guest's address, its network's prefix length, and the gateway through
+/// which QEMU's own sockets reach what the sandbox's policy allows.
+const GUEST_ADDR: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 2, 15);
+const GUEST_PREFIX: u8 = 24;
+const GUEST_GATEWAY: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 2, 2);
+
+/// Gives `eth0` (the only network device) the guest's address and a
+/// default route. Its driver binds the device as the module loads; a
+/// device still on its way gets [`DEVICE_WAIT`].
+fn configure_network() -> Result<(), InitError> {
+    let started = Instant::now();
+    loop {
+        match sys::configure_ipv4("eth0", GUEST_ADDR, GUEST_PREFIX, GUEST_GATEWAY) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) && started.elapsed() < DEVICE_WAIT => {
+                std::thread::sleep(DEVICE_POLL)
+            }
+            Err(e) => return Err(e).step(|| "configure eth0".into()),
+        }
+    }
 }
 
 /// The block devices and the control port, by what the node named them.

@@ -13,7 +13,6 @@ use futures_util::{Stream, StreamExt};
 use warren_api::{FileList, FileStat};
 pub use warren_backend::files::FileError;
 use warren_backend::remote_files::FileAccess;
-use warren_backend::BackendError;
 
 use crate::{Node, NodeError, Result};
 
@@ -25,11 +24,7 @@ impl Node {
     pub(crate) fn fs_root(&self, id: &str) -> Result<FileAccess> {
         let live = self.live(id)?;
         live.touch();
-        match live.driver.fs_root(&live.handle) {
-            Ok(root) => Ok(FileAccess::Local(root)),
-            Err(BackendError::Unsupported(..)) => Ok(FileAccess::Remote(live.driver.remote_files(&live.handle)?)),
-            Err(e) => Err(e.into()),
-        }
+        Ok(FileAccess::of(live.driver.as_ref(), &live.handle)?)
     }
 
     pub async fn stat_file(&self, id: &str, path: String) -> Result<FileStat> {

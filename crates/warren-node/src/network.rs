@@ -102,7 +102,11 @@ impl NodeNet {
         let sink_node = Arc::clone(&node);
         let sink: warren_net::EventSink = Arc::new(move |id: &str, event: NetEvent| {
             let Some(inner) = sink_node.get().and_then(Weak::upgrade) else { return };
-            Node { inner }.record_event(id, observed(event));
+            let node = Node { inner };
+            let in_vm = node.live_as_is(id).is_ok_and(|live| {
+                matches!(live.handle.backend, warren_api::Backend::Microvm | warren_api::Backend::Vm)
+            });
+            node.record_event(id, observed(event, in_vm));
         });
         let net = Network::new(
             NetConfig { instance: instance.to_string(), pool, pool6, state_dir: data_dir.join("net"), dns_hosts },
@@ -134,13 +138,16 @@ impl NodeNet {
     }
 }
 
-/// A network observation as a security event.
-fn observed(event: NetEvent) -> Observed {
+/// A network observation as a security event. In a VM the socket is
+/// QEMU's, made for whichever guest process asked: the event names no
+/// process rather than QEMU's host pid.
+fn observed(event: NetEvent, in_vm: bool) -> Observed {
     let kind = match event.kind {
         NetEventKind::Blocked => SecurityEventKind::NetworkBlocked,
         NetEventKind::DnsRefused => SecurityEventKind::DnsRefused,
     };
-    let mut o = Observed::new(kind, event.detail).process(event.pid, event.comm);
+    let (pid, comm) = if in_vm { (0, String::new()) } else { (event.pid, event.comm) };
+    let mut o = Observed::new(kind, event.detail).process(pid, comm);
     o.syscall = event.syscall;
     o
 }
@@ -188,10 +195,12 @@ impl Node {
         let target = driver.network_target(handle)?;
         let endpoint =
             self.node_net().net.attach(id, target.netns, &target.cgroup2_dir, rules).await.map_err(net_err)?;
-        let root = driver.fs_root(handle)?;
         let resolv = format!("nameserver {}\n", endpoint.gateway);
+        // A VM's resolver address is the same: QEMU's user-mode network
+        // forwards the guest's queries from QEMU's (the sandbox's) namespace.
+        let root = warren_backend::remote_files::FileAccess::of(driver.as_ref(), handle);
         let written = tokio::task::spawn_blocking(move || -> Result<()> {
-            let mut writer = warren_backend::files::create_write(&root, "/etc/resolv.conf", 0o644)?;
+            let mut writer = root?.create_write("/etc/resolv.conf", 0o644)?;
             writer.append(resolv.as_bytes())?;
             writer.commit()?;
             Ok(())

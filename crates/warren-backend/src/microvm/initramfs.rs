@@ -27,8 +27,13 @@ pub const MODULES: &[&str] = &["virtio_mmio", "virtio_blk", "virtio_console", "e
 /// The same for a q35 full VM: its virtio devices sit on PCI.
 pub const Q35_MODULES: &[&str] = &["virtio_pci", "virtio_blk", "virtio_console", "erofs", "overlay"];
 
+/// What a guest with a network device (`warren.net`) loads after the rest.
+pub const NET_MODULES: &[&str] = &["virtio_net"];
+
 /// Writes the archive to `dest` (through a temporary file, so a reader never
 /// sees half of one).
+/// `modules/order` lists the modules every boot loads, `modules/net-order`
+/// those only a guest with a network device loads (after the others).
 pub fn build(init_binary: &Path, modules_dir: &Path, modules: &[&str], dest: &Path) -> Result<()> {
     let io_err = |what: &str, path: &Path, e: io::Error| BackendError::io(format!("{what} {}", path.display()), e);
     let mut archive = Cpio::default();
@@ -37,16 +42,21 @@ pub fn build(init_binary: &Path, modules_dir: &Path, modules: &[&str], dest: &Pa
     }
     let init = fs::read(init_binary).map_err(|e| io_err("read", init_binary, e))?;
     archive.file("init", 0o755, &loadable_image(&init));
-    let mut order = String::new();
-    for module in load_order(modules_dir, modules)? {
-        let path = modules_dir.join(&module);
-        let bytes = uncompressed(&path)?;
-        let name = module_name(&module);
-        archive.file(&format!("modules/{name}.ko"), 0o644, without_signature(&bytes));
-        order.push_str(name);
-        order.push('\n');
+    let always = load_order(modules_dir, modules)?;
+    let with_net: Vec<String> =
+        load_order(modules_dir, NET_MODULES)?.into_iter().filter(|m| !always.contains(m)).collect();
+    for (list, order_file) in [(&always, "modules/order"), (&with_net, "modules/net-order")] {
+        let mut order = String::new();
+        for module in list {
+            let path = modules_dir.join(module);
+            let bytes = uncompressed(&path)?;
+            let name = module_name(module);
+            archive.file(&format!("modules/{name}.ko"), 0o644, without_signature(&bytes));
+            order.push_str(name);
+            order.push('\n');
+        }
+        archive.file(order_file, 0o644, order.as_bytes());
     }
-    archive.file("modules/order", 0o644, order.as_bytes());
     let bytes = archive.finish();
     let tmp = PathBuf::from(format!("{}.tmp{}", dest.display(), std::process::id()));
     let written = fs::File::create(&tmp).and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()));

@@ -14,7 +14,7 @@
 //! network device and no shared host directory.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -99,6 +99,12 @@ pub struct VmSpec<'a> {
     /// the guest's memory and devices from a snapshot. Everything else
     /// must match what the snapshot's QEMU was started with.
     pub incoming: Option<&'a std::fs::File>,
+    /// The network namespace QEMU runs in when the sandbox has an
+    /// `allowlist` network: QEMU's user-mode network (slirp) turns the
+    /// guest's connections into QEMU's own sockets there, which the node's
+    /// veth, NAT and egress programs (on the sandbox's cgroup, QEMU's)
+    /// handle as they do a container's. `None`: no network device.
+    pub netns: Option<BorrowedFd<'a>>,
     /// Hand QEMU the writable disk as descriptors (`-add-fd`, one
     /// read-write and one read-only, `file=/dev/fdset/1`) instead of a
     /// path. A migration's source drops its write access at the end and
@@ -106,6 +112,10 @@ pub struct VmSpec<'a> {
     /// do so: by path that fails in its chroot, from the fd set it works.
     pub writable_by_fd: bool,
 }
+
+/// The guest's side of QEMU's user-mode network: slirp's defaults, which
+/// the guest's init assumes (address `.15`, gateway `.2`).
+pub const GUEST_NET: &str = "10.0.2.0/24";
 
 /// The descriptor QEMU reads an incoming migration stream from.
 const INCOMING_FD: i32 = 3;
@@ -200,6 +210,13 @@ pub fn spawn(spec: &VmSpec<'_>) -> Result<Child> {
         // never appears, holding the boot in `starting` for 90 s.
         append.push_str(&format!(" warren.systemd systemd.hostname={} systemd.getty_auto=0", spec.hostname));
     }
+    if spec.netns.is_some() {
+        // The guest's init configures `eth0` as slirp's network expects it
+        // (see `GUEST_NET`); udev must not rename it in a full VM.
+        append.push_str(" warren.net net.ifnames=0");
+        cmd.args(["-netdev", &format!("user,id=net0,ipv6=off,net={GUEST_NET}")])
+            .args(["-device", &format!("{},netdev=net0", spec.machine.device("virtio-net"))]);
+    }
     cmd.arg("-kernel").arg(spec.kernel).arg("-initrd").arg(spec.initramfs).args(["-append", &append]);
     cmd.arg("-qmp").arg(format!("unix:{},server=on,wait=off", drive_path(spec.qmp_sock)?));
     cmd.args(["-device", &format!("{},max_ports=2", spec.machine.device("virtio-serial"))])
@@ -234,15 +251,25 @@ pub fn spawn(spec: &VmSpec<'_>) -> Result<Child> {
         handover.push((high_fd(dup.into())?, INCOMING_FD));
         cmd.args(["-incoming", &format!("fd:{INCOMING_FD}")]);
     }
-    if !handover.is_empty() {
+    let netns = match spec.netns {
+        Some(ns) => Some(high_fd(ns.try_clone_to_owned().map_err(|e| BackendError::io("duplicate the netns", e))?)?),
+        None => None,
+    };
+    if !handover.is_empty() || netns.is_some() {
         let pairs: Vec<(i32, i32)> = handover.iter().map(|(fd, target)| (fd.as_raw_fd(), *target)).collect();
-        // SAFETY: between fork and exec only dup2, which is
-        // async-signal-safe, on descriptors the parent keeps open until
-        // `spawn` returns; the sources are all above every target.
+        let netns_fd = netns.as_ref().map(|fd| fd.as_raw_fd());
+        // SAFETY: between fork and exec only dup2 and setns, both
+        // async-signal-safe system calls, on descriptors the parent keeps
+        // open until `spawn` returns; the sources are all above every target.
         unsafe {
             cmd.pre_exec(move || {
                 for &(fd, target) in &pairs {
                     if libc::dup2(fd, target) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                if let Some(ns) = netns_fd {
+                    if libc::setns(ns, libc::CLONE_NEWNET) == -1 {
                         return Err(std::io::Error::last_os_error());
                     }
                 }

@@ -151,6 +151,7 @@ impl Template {
             hostname: TEMPLATE_HOSTNAME,
             jail: &self.jail,
             incoming,
+            netns: None,
             writable_by_fd: true,
         }
     }
@@ -471,6 +472,7 @@ pub(super) async fn restore(
                     name: hostname.to_string(),
                     accel: template.accel,
                     first_stream: RESTORED_FIRST_STREAM,
+                    netns: None,
                 };
                 Ok(Running { qemu, _mux: mux, paused: false, launch })
             }
