@@ -210,6 +210,33 @@ pub async fn limit_cases(subject: &Subject<'_>, id: &str) {
     );
     assert_no_sleep_left(server, id).await;
     assert_eq!(server.sh_ok(id, "echo alive").await, "alive\n", "the sandbox outlives its pids limit");
+    if subject.stateful() {
+        // The node's limit watch saw both (a VM's init counts them for it).
+        for field in ["memory_mib", "pids"] {
+            wait_limit_hit(subject, id, field).await;
+        }
+    }
+}
+
+/// Waits (a bounded number of looks) for a `limit_hit` event about `field`.
+async fn wait_limit_hit(subject: &Subject<'_>, id: &str, field: &str) {
+    let prefix = format!("{field}: ");
+    let mut seen = Value::Null;
+    for _ in 0..240 {
+        let (status, list) =
+            subject.server.call(Method::GET, &format!("/v1/sandboxes/{id}/events?after_seq=0"), None).await;
+        assert_eq!(status, StatusCode::OK, "{list}");
+        let events = list["events"].as_array().cloned().unwrap_or_default();
+        if events
+            .iter()
+            .any(|e| e["kind"] == "limit_hit" && e["detail"].as_str().is_some_and(|d| d.starts_with(&prefix)))
+        {
+            return;
+        }
+        seen = list;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("{:?}: no limit_hit event about {field}: {seen}", subject.backend);
 }
 
 pub async fn session_cases(subject: &Subject<'_>, id: &str) {

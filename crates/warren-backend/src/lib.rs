@@ -373,21 +373,10 @@ pub struct EventBatch {
     pub next_seq: u64,
 }
 
-/// See [`Driver::limit_counters`]. Full disk or inodes can only be seen
-/// as a state (the sandbox's `ENOSPC` is not observable from outside).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LimitCounters {
-    /// Processes the out-of-memory killer killed in the sandbox.
-    pub oom_kills: u64,
-    /// Forks refused at the sandbox's pids limit.
-    pub pids_max_hits: u64,
-    /// The writable layer's free and total bytes.
-    pub disk_free_bytes: u64,
-    pub disk_total_bytes: u64,
-    /// The writable layer's free and total inodes.
-    pub inodes_free: u64,
-    pub inodes_total: u64,
-}
+/// See [`Driver::limit_counters`]: the same counters a VM's init sends.
+/// Full disk or inodes can only be seen as a state (the sandbox's `ENOSPC`
+/// is not observable from outside).
+pub use warren_init::proto::LimitCounters;
 
 /// What a sweep removed, for logs and tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

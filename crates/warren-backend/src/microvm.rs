@@ -305,6 +305,8 @@ const GUEST_LANDLOCK: &str = "phases with protected paths (the guest kernel's La
 /// phase's domain and starts whatever a unit names for whoever asks on its
 /// socket (`systemd-run cat /protected`).
 const GUEST_SYSTEMD: &str = "phases with protected paths (the guest's systemd runs units outside the phase's rules)";
+/// How long the node waits for a guest's limit counters.
+const LIMITS_TIMEOUT: Duration = Duration::from_secs(2);
 /// The first kernel release whose Landlock has ABI 6.
 const LANDLOCK_ABI6_RELEASE: (u32, u32, u32) = (6, 12, 0);
 /// A `pack_diff` archive holds the writable disk's files plus a header (and
@@ -1008,6 +1010,16 @@ impl Driver for MicroVmDriver {
     fn remote_files(&self, handle: &SandboxHandle) -> Result<crate::remote_files::RemoteFiles> {
         self.state(handle)?;
         Ok(crate::remote_files::RemoteFiles::new(self.ctl_sock(&handle.id)))
+    }
+
+    /// The guest's init counts them (the host sees only QEMU); blocking,
+    /// bounded by [`LIMITS_TIMEOUT`]. A paused guest is not asked.
+    fn limit_counters(&self, handle: &SandboxHandle) -> Result<crate::LimitCounters> {
+        let _ = self.state(handle)?;
+        if self.seen(&handle.id) != (Seen::Running { exited: false, paused: false }) {
+            return Err(BackendError::Busy("the VM is paused or gone".into()));
+        }
+        channel::limit_counters_blocking(&self.ctl_sock(&handle.id), LIMITS_TIMEOUT)
     }
 
     /// QEMU's network namespace (see [`VmSpec::netns`]) and cgroup.

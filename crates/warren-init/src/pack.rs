@@ -24,7 +24,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
 use std::io::{self, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -50,6 +50,11 @@ const STOP_WAIT: Duration = Duration::from_secs(2);
 /// Keeps `upper` (a directory descriptor) for the sandbox's `pack_diff`.
 pub(crate) fn keep_upper(upper: OwnedFd) {
     let _ = UPPER.set(upper);
+}
+
+/// The writable layer's directory, once kept (in a VM).
+pub(crate) fn upper() -> Option<BorrowedFd<'static>> {
+    UPPER.get().map(|fd| fd.as_fd())
 }
 
 /// Answers [`proto::Request::PackUpper`] on `conn`.

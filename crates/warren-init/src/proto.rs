@@ -113,6 +113,25 @@ pub enum Request {
     /// random state until then), and the wall clock (frozen in the
     /// snapshot). Answered with `Identified`, or `Error` outside a microVM.
     Identify { hostname: String, entropy: Vec<u8>, unix_time_ns: u64 },
+    /// A VM's counters of the limits its sandbox ran into (the node sees
+    /// only QEMU from outside). Answered with `Limits`, or `Error` outside
+    /// a VM.
+    Limits,
+}
+
+/// What [`Request::Limits`] answers (and what the node reads of a
+/// container itself); see the node's `limit_hit` events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct LimitCounters {
+    /// Processes the guest kernel's out-of-memory killer killed.
+    pub oom_kills: u64,
+    /// Forks refused at the sandbox's pids limit.
+    pub pids_max_hits: u64,
+    /// The writable disk's free and total bytes and inodes.
+    pub disk_free_bytes: u64,
+    pub disk_total_bytes: u64,
+    pub inodes_free: u64,
+    pub inodes_total: u64,
 }
 
 /// What init needs of a phase: its name (for messages) and its protected
@@ -211,6 +230,9 @@ pub enum Response {
         error: WireFileError,
     },
     Identified,
+    Limits {
+        counters: LimitCounters,
+    },
 }
 
 /// A [`crate::files::FileError`] on the wire.

@@ -254,6 +254,13 @@ fn serve_one(ctx: &Shared, mut conn: UnixStream, request: serde_json::Result<Req
             let _ = proto::write_json(&mut conn, FrameKind::Response, &answer);
         }
         Ok(Request::PackUpper) => crate::pack::serve(&mut conn),
+        Ok(Request::Limits) => {
+            let answer = match crate::vm::limit_counters() {
+                Ok(counters) => Response::Limits { counters },
+                Err(message) => Response::Error { message, not_found: false, busy: false },
+            };
+            let _ = proto::write_json(&mut conn, FrameKind::Response, &answer);
+        }
         // Answered by `fileserve` above.
         Ok(
             Request::StatFile { .. }

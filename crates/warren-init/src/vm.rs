@@ -25,10 +25,12 @@
 //! node sees QEMU exit and reports the console's tail.
 
 mod identity;
+mod limits;
 mod port;
 mod systemd;
 
 pub use identity::identify;
+pub(crate) use limits::counters as limit_counters;
 pub use systemd::{service_main, SERVICE_ARG};
 
 use std::os::fd::OwnedFd;
@@ -398,7 +400,9 @@ fn limit_pids(max: u32) -> Result<(), InitError> {
     write("cgroup.subtree_control", "+pids".into())?;
     mkdir_all(Path::new(&format!("{CGROUP_DIR}/sandbox")))?;
     write("sandbox/pids.max", max.to_string())?;
-    write("sandbox/cgroup.procs", std::process::id().to_string())
+    write("sandbox/cgroup.procs", std::process::id().to_string())?;
+    limits::keep_pids_cgroup(&format!("{CGROUP_DIR}/sandbox"));
+    Ok(())
 }
 
 /// Where a microVM's init mounts the guest's cgroup2 hierarchy.

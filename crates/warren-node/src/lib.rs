@@ -1247,10 +1247,18 @@ impl Node {
                 }
             }
             let lives: Vec<Arc<Live>> = self.live_map().values().cloned().collect();
+            if tick.is_multiple_of(LIMITS_EVERY_TICKS) {
+                // Off the runtime: a VM's counters are a round trip to its
+                // guest (bounded by the driver).
+                let (watched, node) = (lives.clone(), self.clone());
+                let _ = tokio::task::spawn_blocking(move || {
+                    for live in &watched {
+                        watch_limits(live, &node.inner.metrics);
+                    }
+                })
+                .await;
+            }
             for live in lives {
-                if tick.is_multiple_of(LIMITS_EVERY_TICKS) {
-                    watch_limits(&live, &self.inner.metrics);
-                }
                 let (created, last, idle, lifetime) = {
                     let r = live.record();
                     (r.info.created_at_ms, r.info.last_activity_at_ms, r.info.idle_timeout_secs, r.info.lifetime_secs)

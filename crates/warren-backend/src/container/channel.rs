@@ -110,6 +110,23 @@ pub(crate) async fn events(sock: &Path, after_seq: u64) -> Result<EventBatch> {
         .map_err(|_| BackendError::Protocol(format!("no answer to events within {START_TIMEOUT:?}")))?
 }
 
+/// A VM's limit counters from its init (see `Request::Limits`); blocking,
+/// for the node's limit watch, which runs off the runtime.
+pub(crate) fn limit_counters_blocking(sock: &Path, timeout: Duration) -> Result<proto::LimitCounters> {
+    let link = |e: io::Error| BackendError::io("ask init for its limit counters", e);
+    let mut conn = std::os::unix::net::UnixStream::connect(sock).map_err(link)?;
+    conn.set_read_timeout(Some(timeout)).and_then(|()| conn.set_write_timeout(Some(timeout))).map_err(link)?;
+    proto::write_json(&mut conn, FrameKind::Request, &Request::Limits).map_err(link)?;
+    match proto::read_frame(&mut conn).map_err(link)? {
+        Some((FrameKind::Response, payload)) => match parse_response(&payload)? {
+            Response::Limits { counters } => Ok(counters),
+            other => Err(BackendError::Protocol(format!("expected Limits, got {other:?}"))),
+        },
+        Some((kind, _)) => Err(BackendError::Protocol(format!("expected a response frame, got {kind:?}"))),
+        None => Err(BackendError::Gone),
+    }
+}
+
 /// How long a phase switch may take: init builds the new ruleset (listing
 /// the protected paths' ancestors) and may have many processes to kill.
 const SET_PHASE_TIMEOUT: Duration = Duration::from_secs(60);

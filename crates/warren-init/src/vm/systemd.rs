@@ -155,6 +155,7 @@ fn start_service() -> Result<(std::os::fd::OwnedFd, std::sync::Arc<serve::Shared
         Some(devices) => crate::pack::keep_upper_of_disk(&devices.rw),
         None => eprintln!("warren-init: the writable disk is not there: pack_diff will not work"),
     }
+    super::limits::keep_own_cgroup();
     let port_fd = open_port(&port_path)?;
     // Before the filter, as in a microVM: a guest restored from a snapshot
     // or from disk is told its name and the time.
