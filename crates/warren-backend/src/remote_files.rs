@@ -99,9 +99,7 @@ impl RemoteFiles {
     pub fn open_read(&self, path: &str) -> Result<(RemoteReader, u64)> {
         let mut conn = self.send(&Request::ReadFile { path: path.into() })?;
         match answer(&mut conn)? {
-            Response::FileOpened { size_bytes } => {
-                Ok((RemoteReader { conn, pending: Vec::new(), at: 0, ended: false }, size_bytes))
-            }
+            Response::FileOpened { size_bytes } => Ok((RemoteReader::new(conn), size_bytes)),
             other => Err(protocol(&format!("{other:?}"))),
         }
     }
@@ -115,9 +113,7 @@ impl RemoteFiles {
         // the pack instead of holding it, and its stopped processes, forever.
         conn.set_read_timeout(Some(PACK_SILENCE)).map_err(link_error)?;
         match answer(&mut conn)? {
-            Response::PackOpened { stopped } => {
-                Ok((RemoteReader { conn, pending: Vec::new(), at: 0, ended: false }, stopped))
-            }
+            Response::PackOpened { stopped } => Ok((RemoteReader::new(conn), stopped)),
             Response::Error { message, .. } => Err(link_error(io::Error::other(message))),
             other => Err(protocol(&format!("{other:?}"))),
         }
@@ -140,6 +136,13 @@ pub struct RemoteReader {
     pending: Vec<u8>,
     at: usize,
     ended: bool,
+}
+
+impl RemoteReader {
+    /// Reads what init sends on `conn` after its first answer.
+    fn new(conn: UnixStream) -> RemoteReader {
+        RemoteReader { conn, pending: Vec::new(), at: 0, ended: false }
+    }
 }
 
 impl Read for RemoteReader {

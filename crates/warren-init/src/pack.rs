@@ -179,22 +179,20 @@ struct Xattrs {
 
 fn xattrs_of(fd: &OwnedFd) -> io::Result<Xattrs> {
     let mut found = Xattrs { kept: Vec::new(), opaque: false };
-    let mut list = vec![0u8; 64 << 10];
-    let len = match rustix::fs::flistxattr(fd, &mut list) {
-        Ok(len) => len,
+    let list = match sized(rustix::fs::flistxattr_query(fd), |buf| rustix::fs::flistxattr(fd, buf)) {
+        Ok(list) => list,
         Err(rustix::io::Errno::NOTSUP) => return Ok(found),
         Err(e) => return Err(e.into()),
     };
-    for name in list[..len].split(|b| *b == 0).filter(|n| !n.is_empty()) {
+    for name in list.split(|b| *b == 0).filter(|n| !n.is_empty()) {
         let cname = CString::new(name).map_err(io::Error::other)?;
-        let mut value = vec![0u8; 64 << 10];
-        let n = match rustix::fs::fgetxattr(fd, cname.as_c_str(), &mut value) {
-            Ok(n) => n,
+        let name_c = cname.as_c_str();
+        let value = match sized(rustix::fs::fgetxattr_query(fd, name_c), |buf| rustix::fs::fgetxattr(fd, name_c, buf)) {
+            Ok(value) => value,
             // Removed since it was listed.
             Err(rustix::io::Errno::NODATA) => continue,
             Err(e) => return Err(e.into()),
         };
-        value.truncate(n);
         if name == OPAQUE_XATTR {
             found.opaque = value == b"y";
         } else if !name.starts_with(OVERLAY_XATTR_PREFIX) {
@@ -202,6 +200,34 @@ fn xattrs_of(fd: &OwnedFd) -> io::Result<Xattrs> {
         }
     }
     Ok(found)
+}
+
+/// The kernel's largest attribute list and value (`XATTR_LIST_MAX`,
+/// `XATTR_SIZE_MAX`).
+const XATTR_MAX_BYTES: usize = 64 << 10;
+
+/// What `get` (an xattr call) fills, in a buffer of the size `query` (the
+/// same call's size query) asked for - most files have no attribute, and
+/// then nothing is allocated - or of the kernel's maximum when it grew in
+/// between.
+fn sized(
+    query: rustix::io::Result<usize>,
+    get: impl Fn(&mut [u8]) -> rustix::io::Result<usize>,
+) -> rustix::io::Result<Vec<u8>> {
+    let want = query?;
+    if want == 0 {
+        return Ok(Vec::new());
+    }
+    let mut buf = vec![0u8; want];
+    let n = match get(&mut buf) {
+        Err(rustix::io::Errno::RANGE) => {
+            buf = vec![0u8; XATTR_MAX_BYTES];
+            get(&mut buf)?
+        }
+        other => other?,
+    };
+    buf.truncate(n);
+    Ok(buf)
 }
 
 /// The stopped processes, continued on drop.
@@ -215,40 +241,19 @@ impl Stopped {
     /// the agent service started) and waits until they are.
     fn all_but_init() -> Stopped {
         let me = std::process::id() as i32;
-        let mut stopped = Stopped { pids: Vec::new() };
-        let mut seen = HashSet::new();
-        // Rounds until one finds nothing new: a process may fork between
-        // the scan that found its parent and the parent's stop.
-        loop {
-            let fresh: Vec<ProcStat> =
-                tree::descendants(&tree::scan(), me).into_iter().filter(|p| seen.insert(p.pid)).collect();
-            if fresh.is_empty() {
-                break;
-            }
-            // One the sandbox stopped itself stays as it is.
-            for p in fresh.iter().filter(|p| !is_stopped(p)) {
-                if let Some(pid) = Pid::from_raw(p.pid) {
-                    if rustix::process::kill_process(pid, Signal::STOP).is_ok() {
-                        stopped.pids.push(pid);
-                    }
-                }
-            }
-        }
+        let (_, pids) = tree::stop_all(|| tree::descendants(&tree::scan(), me));
+        let stopped = Stopped { pids: pids.into_iter().filter_map(Pid::from_raw).collect() };
         let deadline = Instant::now() + STOP_WAIT;
         let mut waiting: HashSet<i32> = stopped.pids.iter().map(|p| p.as_raw_nonzero().get()).collect();
         while !waiting.is_empty() && Instant::now() < deadline {
             let now: HashMap<i32, ProcStat> = tree::scan().into_iter().map(|p| (p.pid, p)).collect();
-            waiting.retain(|pid| now.get(pid).is_some_and(|p| !is_stopped(p) && !p.is_dead()));
+            waiting.retain(|pid| now.get(pid).is_some_and(|p| !p.is_stopped() && !p.is_dead()));
             if !waiting.is_empty() {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
         stopped
     }
-}
-
-fn is_stopped(p: &ProcStat) -> bool {
-    matches!(p.state, 'T' | 't')
 }
 
 impl Drop for Stopped {

@@ -48,6 +48,33 @@ impl ProcStat {
     pub fn is_dead(&self) -> bool {
         matches!(self.state, 'Z' | 'X' | 'x')
     }
+
+    /// Stopped by a signal (or traced).
+    pub fn is_stopped(&self) -> bool {
+        matches!(self.state, 'T' | 't')
+    }
+}
+
+/// Stops what `find` finds, rescanning until a scan finds nobody new: a
+/// process may fork between the scan that found its parent and the
+/// parent's stop, but stopped processes cannot fork, so this ends even for
+/// a fork bomb (and for a process stuck in `D` state, which cannot fork
+/// either). One already stopped when found is left as it is. Returns the
+/// last scan and the pids this call stopped.
+pub fn stop_all(find: impl Fn() -> Vec<ProcStat>) -> (Vec<ProcStat>, Vec<i32>) {
+    let mut seen = HashSet::new();
+    let mut stopped = Vec::new();
+    loop {
+        let found = find();
+        let new: Vec<&ProcStat> = found.iter().filter(|p| seen.insert(p.pid)).collect();
+        if new.is_empty() {
+            return (found, stopped);
+        }
+        for p in new.into_iter().filter(|p| !p.is_stopped()) {
+            sys::signal(p.pid, libc::SIGSTOP);
+            stopped.push(p.pid);
+        }
+    }
 }
 
 /// The pipe inode a `/proc/<pid>/fd/<n>` link names (`pipe:[12345]`).
@@ -155,23 +182,8 @@ pub fn kill_all_but(keep: &[i32]) -> u32 {
 fn kill_until_gone(find: impl Fn() -> Vec<ProcStat>) -> usize {
     let mut killed = HashSet::new();
     loop {
-        // Freeze: stop what was found, rescan for children forked meanwhile,
-        // until a scan finds nobody new. Stopped processes cannot fork, so
-        // this ends even for a fork bomb (and for a process stuck in `D`
-        // state, which cannot fork either).
-        let mut stopped = HashSet::new();
-        let mut found = find();
-        loop {
-            let fresh: Vec<i32> = found.iter().map(|p| p.pid).filter(|pid| !stopped.contains(pid)).collect();
-            if fresh.is_empty() {
-                break;
-            }
-            for pid in fresh {
-                sys::signal(pid, libc::SIGSTOP);
-                stopped.insert(pid);
-            }
-            found = find();
-        }
+        // Freeze first, so nothing forks past the kill.
+        let (found, _) = stop_all(&find);
         if found.is_empty() {
             return killed.len();
         }
