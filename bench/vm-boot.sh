@@ -174,10 +174,14 @@ TSC_KHZ=$(awk '/cpu MHz/ {printf "%d", $4 * 1000; exit}' /proc/cpuinfo)
 bare() {
     initrd=$DATA/vm/.initramfs.cpio
     [ "$1" = bare ] || initrd=$TRIVIAL/initramfs.cpio
+    # The same kernel as the driver boots: the vmlinux it unpacked from
+    # $KERNEL (PVH entry, no decompression in the guest) when it did.
+    kernel=$KERNEL
+    [ -f "$DATA/vm/.vmlinux" ] && kernel=$DATA/vm/.vmlinux
     t0=$(now_ms)
     qemu-system-x86_64 -M microvm,pit=off,pic=off,rtc=on,isa-serial=on -accel tcg,tb-size=64 -cpu max,cx16=off \
         -m $MEMORY_MIB -smp 1 -nodefaults -no-user-config -display none -no-reboot \
-        -kernel "$KERNEL" -initrd "$initrd" \
+        -kernel "$kernel" -initrd "$initrd" \
         -append "console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check tsc_early_khz=$TSC_KHZ lpj=$((TSC_KHZ * 4)) warren.probe" \
         >/dev/null 2>&1 </dev/null || { echo "vm-boot.sh: the $1 QEMU boot failed" >&2; exit 1; }
     t1=$(now_ms)
@@ -238,7 +242,7 @@ turn_ratios() {
     echo "- machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)," \
         "$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo), host kernel $(uname -r)"
     echo "- $(qemu-system-x86_64 --version | head -n 1), accelerator tcg (this host's KVM is paravirtual and cannot run the guest)"
-    echo "- guest kernel: $(basename "$(ls /boot/vmlinuz-*-cloud-amd64 | sort -V | tail -n 1)"), $MEMORY_MIB MiB, 1 vCPU, 256 MiB writable disk"
+    echo "- guest kernel: $(basename "$KERNEL") (booted as the vmlinux the driver unpacks from it, PVH entry: Warren and both bare boots alike), $MEMORY_MIB MiB, 1 vCPU, 256 MiB writable disk"
     echo "- image: $ROOTFS (Debian bookworm minbase + systemd-sysv + procps, $(du -sh "$ROOTFS" | cut -f1))"
     echo "- binaries: $BIN and the warren-init beside it ($(basename "$(dirname "$BIN")") build; the guest runs that warren-init)"
     flag=""; [ $FULL_VM = 1 ] || flag="--no-full-vm "

@@ -35,7 +35,10 @@ for pkg_bin in bubblewrap:/usr/bin/bwrap runc:/usr/sbin/runc crun:/usr/bin/crun;
 done
 # The microvm backend: QEMU, a Debian cloud kernel (its modules go into
 # the guest's initramfs) and mkfs.ext4 for the writable disk.
-for pkg_file in qemu-system-x86:/usr/bin/qemu-system-x86_64 e2fsprogs:/usr/sbin/mkfs.ext4; do
+# The driver unpacks the kernel's vmlinux (zstd in 6.12, lz4 in 6.1) and
+# xz-compressed modules once on the host.
+for pkg_file in qemu-system-x86:/usr/bin/qemu-system-x86_64 e2fsprogs:/usr/sbin/mkfs.ext4 zstd:/usr/bin/zstd \
+    lz4:/usr/bin/lz4 xz-utils:/usr/bin/xz; do
     pkg=${pkg_file%%:*}; file=${pkg_file#*:}
     [ -e "$file" ] || need+=("$pkg")
 done

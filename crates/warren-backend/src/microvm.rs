@@ -51,6 +51,7 @@
 
 mod disks;
 mod initramfs;
+mod kernel;
 mod mux;
 mod qemu;
 mod qmp;
@@ -338,6 +339,7 @@ pub struct MicroVmDriver {
     config: MicroVmConfig,
     /// The initramfs, built on first use.
     initramfs: OnceCell<PathBuf>,
+    kernel_image: std::sync::OnceLock<PathBuf>,
     accel: OnceCell<Accel>,
     /// One build of a directory layer at a time (they are cached).
     layer_build: tokio::sync::Mutex<()>,
@@ -368,6 +370,7 @@ impl MicroVmDriver {
             moves: Mutex::new(()),
             config,
             initramfs: OnceCell::new(),
+            kernel_image: std::sync::OnceLock::new(),
             accel: OnceCell::new(),
             layer_build: tokio::sync::Mutex::new(()),
             running: Mutex::new(HashMap::new()),
@@ -438,7 +441,7 @@ impl MicroVmDriver {
         }
         qemu::spawn(&VmSpec {
             qemu: &self.config.qemu,
-            kernel: &self.config.kernel,
+            kernel: self.kernel(),
             initramfs,
             accel: launch.accel,
             machine: self.config.machine,
@@ -495,6 +498,9 @@ impl MicroVmDriver {
         }
     }
 
+    /// The initramfs, built once; the kernel image QEMU boots
+    /// ([`MicroVmDriver::kernel`]) is made with it, so every path that
+    /// boots a guest asks for this first.
     async fn initramfs(&self) -> Result<&Path> {
         let path = self
             .initramfs
@@ -502,17 +508,34 @@ impl MicroVmDriver {
                 let dest = self.config.run_dir.join(".initramfs.cpio");
                 let (init, modules, out) =
                     (self.config.init_binary.clone(), self.config.modules_dir.clone(), dest.clone());
+                let (bzimage, vmlinux) = (self.config.kernel.clone(), self.config.run_dir.join(".vmlinux"));
                 let list = match self.config.machine {
                     Machine::Micro => initramfs::MODULES,
                     Machine::Q35 => initramfs::Q35_MODULES,
                 };
-                tokio::task::spawn_blocking(move || initramfs::build(&init, &modules, list, &out))
-                    .await
-                    .map_err(|e| BackendError::io("initramfs task", std::io::Error::other(e)))??;
+                let kernel = tokio::task::spawn_blocking(move || {
+                    initramfs::build(&init, &modules, list, &out)?;
+                    Ok::<_, BackendError>(match kernel::extract(&bzimage, &vmlinux) {
+                        Ok(()) => vmlinux,
+                        Err(e) => {
+                            tracing::warn!("booting the compressed kernel as it is: {e}");
+                            bzimage
+                        }
+                    })
+                })
+                .await
+                .map_err(|e| BackendError::io("initramfs task", std::io::Error::other(e)))??;
+                let _ = self.kernel_image.set(kernel);
                 Ok::<_, BackendError>(dest)
             })
             .await?;
         Ok(path)
+    }
+
+    /// The kernel image QEMU boots: the unpacked `vmlinux` once
+    /// [`MicroVmDriver::initramfs`] has made it (see [`kernel`]).
+    fn kernel(&self) -> &Path {
+        self.kernel_image.get().map_or(self.config.kernel.as_path(), PathBuf::as_path)
     }
 
     /// The accelerator every VM of this driver uses: KVM if it boots this
@@ -527,7 +550,7 @@ impl MicroVmDriver {
                     AccelChoice::Auto => {
                         let jail = self.config.run_dir.join(".jail");
                         let config = &self.config;
-                        qemu::probe_kvm(&config.qemu, config.machine, &config.kernel, &initramfs, &jail).await
+                        qemu::probe_kvm(&config.qemu, config.machine, self.kernel(), &initramfs, &jail).await
                     }
                 }
             })
@@ -573,7 +596,7 @@ impl MicroVmDriver {
         let qmp_sock = self.qmp_sock(&spec.id);
         let vm = VmSpec {
             qemu: &self.config.qemu,
-            kernel: &self.config.kernel,
+            kernel: self.kernel(),
             initramfs: &initramfs,
             accel,
             machine: self.config.machine,
@@ -628,8 +651,8 @@ impl MicroVmDriver {
     async fn template(&self, spec: &SandboxSpec) -> Result<snapshot::Template> {
         Ok(snapshot::Template {
             qemu: self.config.qemu.clone(),
-            kernel: self.config.kernel.clone(),
             initramfs: self.initramfs().await?.to_path_buf(),
+            kernel: self.kernel().to_path_buf(),
             accel: self.accel().await?,
             machine: self.config.machine,
             jail: self.config.run_dir.join(".jail"),

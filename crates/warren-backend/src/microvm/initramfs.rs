@@ -194,7 +194,7 @@ fn loadable_image(elf: &[u8]) -> Cow<'_, [u8]> {
 /// The end of the ELF header, the program headers and every segment's
 /// bytes in the file; `None` if `elf` is no ELF64 little-endian file or a
 /// header points past its end.
-fn loadable_end(elf: &[u8]) -> Option<usize> {
+pub(super) fn loadable_end(elf: &[u8]) -> Option<usize> {
     const EHDR_BYTES: usize = 0x40;
     const PHDR_BYTES: usize = 56;
     if !is_elf64_le(elf) || elf.len() < EHDR_BYTES {
