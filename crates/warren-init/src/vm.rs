@@ -11,7 +11,9 @@
 //! The node passes what init needs on the kernel command line:
 //! `warren.layers=<n>`, `warren.hostname=<name>`, `warren.pids=<n>` (the
 //! sandbox's pids limit: a guest cgroup for a microVM, the agent unit's
-//! `TasksMax` for a full VM), `warren.probe` (power
+//! `TasksMax` for a full VM), `warren.net` (the VM has a network device:
+//! load `virtio_net` and configure `eth0` for QEMU's user-mode network),
+//! `warren.probe` (power
 //! off as soon as init runs: the node's check that an accelerator can boot
 //! this guest at all), and `warren.systemd` (a full VM: after stacking the
 //! root, hand PID 1 to the image's systemd and serve the node from a
