@@ -42,12 +42,14 @@
 //! work from QEMU's chroot.
 //! `pack_diff` asks the guest's init for its writable layer as an archive
 //! (see [`Driver::snapshot`] here).
-//! Phases without protected paths work as in a container (a switch kills
-//! what earlier phases left running); protected paths need a guest kernel
-//! with Landlock ABI 6 and are refused as unsupported.
-//! Not yet: egress networking,
-//! re-adoption after a node restart (the mux lives in the node process; a
-//! restarted node ends microVMs with `node_restarted`).
+//! Phases work as in a container (a switch kills what earlier phases left
+//! running); protected paths need a guest kernel with Landlock ABI 6 (else
+//! they are refused as unsupported) and are refused on a full VM (its
+//! systemd runs units outside every phase's rules).
+//! An `allowlist` sandbox's QEMU runs in a network namespace of its own
+//! ([`qemu::VmSpec::netns`]) that the node plugs like a container's.
+//! Not yet: re-adoption after a node restart (the mux lives in the node
+//! process; a restarted node ends microVMs with `node_restarted`).
 
 mod disks;
 mod initramfs;
