@@ -29,6 +29,12 @@ use std::time::{Duration, Instant};
 pub const V1_CONTROLLERS: [&str; 5] = ["cpu", "cpuacct", "memory", "pids", "freezer"];
 /// The cgroup2 mount (below [`DEFAULT_ROOT`]) on this hybrid host.
 pub const UNIFIED: &str = "unified";
+
+/// The number after `key` in a kernel counter file of `key value` lines
+/// (`memory.oom_control`, `pids.events`, `/proc/vmstat`).
+pub fn counter(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| line.strip_prefix(key)?.strip_prefix(' ')).and_then(|n| n.trim().parse().ok())
+}
 /// Where the hierarchies are mounted.
 pub const DEFAULT_ROOT: &str = "/sys/fs/cgroup";
 
@@ -204,20 +210,14 @@ impl SandboxCgroup {
     pub fn oom_kills(&self) -> Result<u64> {
         let path = self.path("memory").join("memory.oom_control");
         let text = read_file(&path)?;
-        text.lines()
-            .find_map(|line| line.strip_prefix("oom_kill "))
-            .and_then(|n| n.trim().parse().ok())
-            .ok_or(CgroupError::Parse { path, content: text })
+        counter(&text, "oom_kill").ok_or(CgroupError::Parse { path, content: text })
     }
 
     /// How many forks the pids limit refused (`max` of v1 `pids.events`).
     pub fn pids_max_hits(&self) -> Result<u64> {
         let path = self.path("pids").join("pids.events");
         let text = read_file(&path)?;
-        text.lines()
-            .find_map(|line| line.strip_prefix("max "))
-            .and_then(|n| n.trim().parse().ok())
-            .ok_or(CgroupError::Parse { path, content: text })
+        counter(&text, "max").ok_or(CgroupError::Parse { path, content: text })
     }
 
     /// The pids in `hierarchy`'s `cgroup.procs`; empty when the directory
@@ -478,6 +478,15 @@ impl Drop for Frozen<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_counter_is_read_by_its_whole_key() {
+        let oom_control = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
+        assert_eq!(counter(oom_control, "oom_kill"), Some(3));
+        assert_eq!(counter("max 12\n", "max"), Some(12));
+        assert_eq!(counter("maximum 5\n", "max"), None);
+        assert_eq!(counter("max lots\n", "max"), None);
+    }
     use std::process::{Command, Stdio};
     use std::sync::atomic::{AtomicU32, Ordering};
 

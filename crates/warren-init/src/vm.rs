@@ -94,7 +94,7 @@ pub fn oom_kills() -> Option<u64> {
         return None;
     }
     let vmstat = std::fs::read_to_string("/proc/vmstat").ok()?;
-    vmstat.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|n| n.trim().parse().ok())
+    warren_guard::cgroup::counter(&vmstat, "oom_kill")
 }
 
 /// The VM's PID 1. Never returns.

@@ -161,11 +161,15 @@ fn without_signature(module: &[u8]) -> &[u8] {
 }
 
 /// Little-endian fields of an ELF64 file, `None` past its end.
-fn le_u16(bytes: &[u8], at: usize) -> Option<u16> {
+pub(super) fn le_u16(bytes: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_le_bytes(bytes.get(at..at.checked_add(2)?)?.try_into().ok()?))
 }
 
-fn le_u64(bytes: &[u8], at: usize) -> Option<u64> {
+pub(super) fn le_u32(bytes: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(bytes.get(at..at.checked_add(4)?)?.try_into().ok()?))
+}
+
+pub(super) fn le_u64(bytes: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(bytes.get(at..at.checked_add(8)?)?.try_into().ok()?))
 }
 

@@ -13,7 +13,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::initramfs::loadable_end;
+use super::initramfs::{le_u16, le_u32, le_u64, loadable_end};
 use crate::{BackendError, Result};
 
 /// The compressions a bzImage's payload may use: its magic and the tool
@@ -73,26 +73,26 @@ fn decompress(tool: &str, data: &[u8]) -> Option<Vec<u8>> {
 
 /// Whether a `PT_NOTE` segment of `elf` holds Xen's PVH entry note.
 fn has_pvh_note(elf: &[u8]) -> bool {
-    let u16_at = |at: usize| elf.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize);
-    let u32_at = |at: usize| elf.get(at..at + 4).and_then(|b| b.try_into().ok()).map(u32::from_le_bytes);
-    let u64_at =
-        |at: usize| elf.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes).map(|v| v as usize);
-    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38)) else {
+    let at = |v: u64| usize::try_from(v).ok();
+    let (Some(phoff), Some(phentsize), Some(phnum)) =
+        (le_u64(elf, 0x20).and_then(at), le_u16(elf, 0x36), le_u16(elf, 0x38))
+    else {
         return false;
     };
-    (0..phnum).any(|i| {
-        let ph = phoff + i * phentsize;
-        let (Some(4), Some(offset), Some(size)) = (u32_at(ph), u64_at(ph + 8), u64_at(ph + 32)) else {
+    (0..usize::from(phnum)).any(|i| {
+        let Some(ph) = usize::from(phentsize).checked_mul(i).and_then(|o| o.checked_add(phoff)) else { return false };
+        let (Some(4), Some(offset), Some(size)) =
+            (le_u32(elf, ph), le_u64(elf, ph + 8).and_then(at), le_u64(elf, ph + 32).and_then(at))
+        else {
             return false;
         };
         let Some(notes) = elf.get(offset..offset.saturating_add(size)) else { return false };
         let mut at = 0;
-        while at + 12 <= notes.len() {
-            let field =
-                |i: usize| u32::from_le_bytes([notes[at + i], notes[at + i + 1], notes[at + i + 2], notes[at + i + 3]]);
-            let (namesz, descsz, kind) = (field(0) as usize, field(4) as usize, field(8));
-            let name = notes.get(at + 12..at + 12 + namesz).unwrap_or_default();
-            if name == b"Xen\0" && kind == PVH_NOTE_TYPE {
+        while let (Some(namesz), Some(descsz), Some(kind)) =
+            (le_u32(notes, at), le_u32(notes, at + 4), le_u32(notes, at + 8))
+        {
+            let (namesz, descsz) = (namesz as usize, descsz as usize);
+            if notes.get(at + 12..at + 12 + namesz) == Some(b"Xen\0".as_slice()) && kind == PVH_NOTE_TYPE {
                 return true;
             }
             at += 12 + namesz.div_ceil(4) * 4 + descsz.div_ceil(4) * 4;

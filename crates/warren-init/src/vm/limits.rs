@@ -58,5 +58,5 @@ fn pids_max_hits() -> u64 {
     };
     let mut text = String::new();
     let _ = std::fs::File::from(fd).read_to_string(&mut text);
-    text.lines().find_map(|l| l.strip_prefix("max ")).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+    warren_guard::cgroup::counter(&text, "max").unwrap_or(0)
 }
