@@ -93,6 +93,10 @@ const PROBES_AT_ONCE: usize = 16;
 /// Limit counters (OOM kills, refused forks, a full writable layer) are
 /// read every this many reaper ticks.
 const LIMITS_EVERY_TICKS: u64 = 4;
+/// Threads reading limit counters at once: a VM's are a round trip to its
+/// guest (up to 2 s for one that does not answer), a container's a few
+/// file reads.
+const LIMIT_WATCHERS: usize = 4;
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 #[derive(Debug, Clone)]
@@ -306,6 +310,8 @@ struct Inner {
     pause_gate: Mutex<()>,
     /// Bounds the reaper's probes in flight ([`PROBES_AT_ONCE`]).
     probe_slots: Arc<tokio::sync::Semaphore>,
+    /// Set while a round of the limit watch runs (one at a time).
+    watching_limits: Arc<AtomicBool>,
     /// Reads Landlock's audit records; taken out (and stopped, restoring
     /// the host's audit settings) when the node stops.
     landlock_audit: Mutex<Option<landlock_audit::Listener>>,
@@ -364,6 +370,7 @@ impl Node {
                 admission,
                 pause_gate: Mutex::new(()),
                 probe_slots: Arc::new(tokio::sync::Semaphore::new(PROBES_AT_ONCE)),
+                watching_limits: Arc::new(AtomicBool::new(false)),
                 landlock_audit: Mutex::new(None),
                 tamper,
                 pools,
@@ -1247,16 +1254,17 @@ impl Node {
                 }
             }
             let lives: Vec<Arc<Live>> = self.live_map().values().cloned().collect();
-            if tick.is_multiple_of(LIMITS_EVERY_TICKS) {
-                // Off the runtime: a VM's counters are a round trip to its
-                // guest (bounded by the driver).
+            if tick.is_multiple_of(LIMITS_EVERY_TICKS) && !self.inner.watching_limits.swap(true, Ordering::SeqCst) {
+                // Off the runtime and beside the reaper's checks: a VM's
+                // counters are a round trip to its guest (bounded by the
+                // driver), and guests that do not answer must delay no
+                // sandbox's idle or lifetime end.
                 let (watched, node) = (lives.clone(), self.clone());
-                let _ = tokio::task::spawn_blocking(move || {
-                    for live in &watched {
-                        watch_limits(live, &node.inner.metrics);
-                    }
-                })
-                .await;
+                let round = RoundFlag(Arc::clone(&self.inner.watching_limits));
+                tokio::task::spawn_blocking(move || {
+                    watch_all_limits(&watched, &node.inner.metrics);
+                    drop(round);
+                });
             }
             for live in lives {
                 let (created, last, idle, lifetime) = {
@@ -1466,6 +1474,32 @@ impl Node {
 /// The environment every exec starts from, before the sandbox's own.
 /// Records a `limit_hit` event for each limit the sandbox ran into since
 /// the last look. A sandbox that is going away has no counters: skipped.
+/// Clears a "round in flight" flag when the round ends, also by a panic.
+struct RoundFlag(Arc<AtomicBool>);
+
+impl Drop for RoundFlag {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+/// One round of the limit watch over `lives`, [`LIMIT_WATCHERS`] at a time.
+fn watch_all_limits(lives: &[Arc<Live>], metrics: &metrics::NodeMetrics) {
+    let next = AtomicUsize::new(0);
+    let watch_next = || {
+        while let Some(live) = lives.get(next.fetch_add(1, Ordering::Relaxed)) {
+            watch_limits(live, metrics);
+        }
+    };
+    let helpers = lives.len().min(LIMIT_WATCHERS).saturating_sub(1);
+    std::thread::scope(|scope| {
+        for _ in 0..helpers {
+            scope.spawn(watch_next);
+        }
+        watch_next();
+    });
+}
+
 fn watch_limits(live: &Live, metrics: &metrics::NodeMetrics) {
     let Ok(counters) = live.driver.limit_counters(&live.handle) else { return };
     let resources = live.record().info.resources.clone();
