@@ -634,6 +634,71 @@ async fn a_full_vm_reaches_only_what_its_policy_allows() {
     vm_egress_case(warren_api::Backend::Vm).await;
 }
 
+/// Snapshot boot of `allowlist` microVMs: the first create boots cold
+/// while a template guest with a network device is snapshotted; the next
+/// is a restored clone whose QEMU runs in its own sandbox's namespace and
+/// reaches only what its policy allows. A sandbox without a network is
+/// never restored from that snapshot (its clone would have a device whose
+/// QEMU sits in no namespace of the sandbox's).
+#[tokio::test]
+async fn a_snapshot_restored_microvm_reaches_only_what_its_policy_allows() {
+    guest::require_qemu_and_kernel("network");
+    let (b, peer, _dir, hosts) = echo_peer_named(|peer| format!("{} mirror.test\n", peer.addr));
+    let hosts = hosts.to_str().expect("utf-8 path");
+    let (server, objects) = start(b, &["--dns-hosts", hosts, "--vm-snapshots", "on"]).await;
+    let policy = json!({"rules": [cidr_rule(peer.addr, &[80], "tcp"), {"domain": "mirror.test", "ports": [81]}]});
+    let request = small(json!({"backend": "microvm", "network": "allowlist", "network_policy": policy}));
+    let first = create_vm(&server, &request).await;
+    assert_eq!(first.boot, Some(warren_api::VmBoot::Cold), "nothing to restore yet");
+    guest::wait_for_snapshots(&server, warren_api::Backend::Microvm, 1).await;
+
+    let clone = create_vm(&server, &request).await;
+    assert_eq!(clone.boot, Some(warren_api::VmBoot::Snapshot), "{clone:?}");
+    assert_eq!(objects.veths().len(), 2, "a veth per VM");
+    vm_policy_holds(&server, &clone.id, peer.addr, "nslookup mirror.test").await;
+    server.delete(&first.id).await;
+
+    let plain = create_vm(&server, &small(json!({"backend": "microvm"}))).await;
+    assert_eq!(plain.boot, Some(warren_api::VmBoot::Cold), "a guest with no network from a snapshot with one");
+    let links = server.sh_ok(&plain.id, "cat /proc/net/dev").await;
+    assert!(!links.contains("eth0"), "a sandbox without a network has a network device: {links}");
+    server.delete(&plain.id).await;
+    // Its shape's template runs in the driver's cgroup until snapshotted.
+    assert_eq!(guest::wait_for_snapshots(&server, warren_api::Backend::Microvm, 2).await.len(), 2);
+
+    guest::delete_leaves_nothing(warren_api::Backend::Microvm, &server, &clone.id).await;
+    assert_eq!(objects.veths(), Vec::<String>::new(), "destroy removes the veths");
+    server.finish().await;
+    objects.assert_gone();
+}
+
+async fn create_vm(server: &TestServer, request: &Value) -> SandboxInfo {
+    let (status, body) = server.try_create(request).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}\nlog:\n{}", server.log_tail(30));
+    serde_json::from_value(body).expect("a sandbox info")
+}
+
+/// The checks of an `allowlist` VM whose policy allows `peer`'s TCP port
+/// 80 and `mirror.test` (resolved to `peer`) on port 81, `lookup` being
+/// how the image resolves a name.
+async fn vm_policy_holds(server: &TestServer, id: &str, peer: Ipv4Addr, lookup: &str) {
+    let bytes = std::fs::read(probe_binary()).expect("read the probe");
+    let (status, body) = server.put_file(id, PROBE, bytes, Some("755")).await;
+    assert_eq!(status, StatusCode::OK, "upload the probe: {body}");
+    assert_eq!(probe(server, id, &format!("tcp {peer} 80")).await, "tcp OK\necho OK\n");
+    // QEMU's connect is refused: the guest sees its connection reset.
+    let refused = probe(server, id, &format!("tcp {peer} 81")).await;
+    assert!(!refused.contains("tcp OK"), "port 81 before its name was resolved: {refused}");
+    let event = wait_event(server, id, SecurityEventKind::NetworkBlocked, &format!("{peer}:81")).await;
+    assert_eq!((event.syscall.as_str(), event.pid, event.comm.as_str()), ("connect", 0, ""), "no host pid: {event:?}");
+
+    let resolv = server.sh_ok(id, "cat /etc/resolv.conf").await;
+    assert!(resolv.starts_with("nameserver 10.250."), "{resolv}");
+    let found = server.sh_ok(id, lookup).await;
+    assert!(found.contains(&peer.to_string()), "{found}");
+    assert_eq!(probe(server, id, &format!("tcp {peer} 81")).await, "tcp OK\necho OK\n", "pinned");
+}
+
 async fn vm_egress_case(backend: warren_api::Backend) {
     guest::require_qemu_and_kernel("network");
     let (b, peer, _dir, hosts) = echo_peer_named(|peer| format!("{} mirror.test\n", peer.addr));
@@ -650,26 +715,9 @@ async fn vm_egress_case(backend: warren_api::Backend) {
         }
         _ => ("nslookup mirror.test", "vm"),
     };
-    let (status, body) = server.try_create(&request).await;
-    assert_eq!(status, StatusCode::CREATED, "{body}\nlog:\n{}", server.log_tail(30));
-    let sb: SandboxInfo = serde_json::from_value(body).expect("a sandbox info");
-    let bytes = std::fs::read(probe_binary()).expect("read the probe");
-    let (status, body) = server.put_file(&sb.id, PROBE, bytes, Some("755")).await;
-    assert_eq!(status, StatusCode::OK, "upload the probe: {body}");
+    let sb = create_vm(&server, &request).await;
     assert_eq!(objects.veths().len(), 1, "one veth for the VM");
-
-    assert_eq!(probe(&server, &sb.id, &format!("tcp {} 80", peer.addr)).await, "tcp OK\necho OK\n");
-    // QEMU's connect is refused: the guest sees its connection reset.
-    let refused = probe(&server, &sb.id, &format!("tcp {} 81", peer.addr)).await;
-    assert!(!refused.contains("tcp OK"), "port 81 before its name was resolved: {refused}");
-    let event = wait_event(&server, &sb.id, SecurityEventKind::NetworkBlocked, &format!("{}:81", peer.addr)).await;
-    assert_eq!((event.syscall.as_str(), event.pid, event.comm.as_str()), ("connect", 0, ""), "no host pid: {event:?}");
-
-    let resolv = server.sh_ok(&sb.id, "cat /etc/resolv.conf").await;
-    assert!(resolv.starts_with("nameserver 10.250."), "{resolv}");
-    let found = server.sh_ok(&sb.id, lookup).await;
-    assert!(found.contains(&peer.addr.to_string()), "{found}");
-    assert_eq!(probe(&server, &sb.id, &format!("tcp {} 81", peer.addr)).await, "tcp OK\necho OK\n", "pinned");
+    vm_policy_holds(&server, &sb.id, peer.addr, lookup).await;
 
     // Paused to disk and resumed, QEMU starts again in the same namespace.
     let mem = server.data_dir().join(run_dir).join(&sb.id).join("paused.mem");

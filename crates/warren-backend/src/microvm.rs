@@ -47,7 +47,8 @@
 //! they are refused as unsupported) and are refused on a full VM (its
 //! systemd runs units outside every phase's rules).
 //! An `allowlist` sandbox's QEMU runs in a network namespace of its own
-//! ([`qemu::VmSpec::netns`]) that the node plugs like a container's.
+//! ([`qemu::VmSpec::netns`]) that the node plugs like a container's;
+//! its snapshot is a different one from a guest's without a network device.
 //! Not yet: re-adoption after a node restart (the mux lives in the node
 //! process; a restarted node ends microVMs with `node_restarted`).
 
@@ -667,6 +668,7 @@ impl MicroVmDriver {
                 disk_mib: spec.resources.disk_mib,
                 inodes: spec.resources.inodes,
                 pids: spec.resources.pids,
+                net: spec.network == warren_api::NetworkMode::Allowlist,
             },
         })
     }
@@ -680,21 +682,23 @@ impl MicroVmDriver {
         cgroup: &SandboxCgroup,
         netns: Option<Arc<OwnedFd>>,
     ) -> Result<(Running, Accel, VmBoot)> {
-        // A snapshot's guest has no network device: a sandbox with one boots.
-        if self.config.snapshots && netns.is_none() {
+        if self.config.snapshots {
             let template = self.template(spec).await;
             let keyed = template.and_then(|t| self.snapshots.key(&t).map(|key| (t, key)));
             match keyed {
                 Ok((template, key)) => {
                     self.snapshots.prune();
                     match self.snapshots.ready(&key) {
-                        Some(snap) => match snapshot::restore(&snap, &template, dir, cgroup, &spec.hostname).await {
-                            Ok(running) => return Ok((running, template.accel, VmBoot::Snapshot)),
-                            Err(e) => {
-                                tracing::warn!(sandbox = %spec.id, "snapshot restore failed, booting instead: {e}");
-                                self.snapshots.discard(&key);
+                        Some(snap) => {
+                            match snapshot::restore(&snap, &template, dir, cgroup, &spec.hostname, netns.clone()).await
+                            {
+                                Ok(running) => return Ok((running, template.accel, VmBoot::Snapshot)),
+                                Err(e) => {
+                                    tracing::warn!(sandbox = %spec.id, "snapshot restore failed, booting instead: {e}");
+                                    self.snapshots.discard(&key);
+                                }
                             }
-                        },
+                        }
                         None => self.snapshots.build_in_background(key, template),
                     }
                 }

@@ -36,6 +36,7 @@
 
 use std::collections::HashMap;
 use std::fs;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -80,6 +81,13 @@ pub(super) struct Shape {
     /// Set at boot in the guest (see `VmSpec::pids`).
     #[serde(default)]
     pub pids: u32,
+    /// The guest has a network device (an `allowlist` sandbox): its init
+    /// configured `eth0` at boot, and QEMU's user-mode network runs in a
+    /// network namespace of the sandbox's own. A guest without one is a
+    /// different snapshot: a clone must never get a device its sandbox
+    /// did not ask for.
+    #[serde(default)]
+    pub net: bool,
 }
 
 /// An image layer a snapshot was made from, as it was then.
@@ -134,8 +142,25 @@ pub(super) struct Template {
 }
 
 impl Template {
-    fn spec<'a>(&'a self, dir: &'a Snap, incoming: Option<&'a fs::File>, writable: &'a Path) -> VmSpec<'a> {
-        VmSpec {
+    /// QEMU's command line for the template or a clone: the same but for
+    /// the migration stream to load, the writable disk and the network
+    /// namespace, which a guest with a network device needs (QEMU's
+    /// user-mode network in the host's namespace would reach everything).
+    fn spec<'a>(
+        &'a self,
+        dir: &'a Snap,
+        incoming: Option<&'a fs::File>,
+        writable: &'a Path,
+        netns: Option<BorrowedFd<'a>>,
+    ) -> Result<VmSpec<'a>> {
+        if self.shape.net != netns.is_some() {
+            return Err(BackendError::Setup(format!(
+                "a VM snapshot's network device ({}) and its network namespace ({}) disagree",
+                self.shape.net,
+                netns.is_some()
+            )));
+        }
+        Ok(VmSpec {
             qemu: &self.qemu,
             kernel: &self.kernel,
             initramfs: &self.initramfs,
@@ -151,9 +176,9 @@ impl Template {
             hostname: TEMPLATE_HOSTNAME,
             jail: &self.jail,
             incoming,
-            netns: None,
+            netns,
             writable_by_fd: true,
-        }
+        })
     }
 
     fn sources(&self) -> Option<Vec<Source>> {
@@ -374,7 +399,11 @@ async fn snapshot_template(work: &Path, template: &Template, cgroup: &SandboxCgr
     let writable = work.join("rw.img");
     disks::make_writable(&writable, template.shape.disk_mib, template.shape.inodes).await?;
     let sockets = Snap::in_dir(work);
-    let mut child = qemu::spawn(&template.spec(&sockets, None, &writable))?;
+    // The template's network is an empty namespace: nothing in the guest
+    // connects before the snapshot, and a clone's QEMU gets its sandbox's.
+    let netns = if template.shape.net { Some(super::new_netns()?) } else { None };
+    let mut child = qemu::spawn(&template.spec(&sockets, None, &writable, netns.as_ref().map(AsFd::as_fd))?)?;
+    drop(netns);
     let console = ConsoleTail::default();
     console.follow(&mut child);
     let outcome = async {
@@ -411,14 +440,16 @@ async fn snapshot_template(work: &Path, template: &Template, cgroup: &SandboxCgr
 }
 
 /// Restores `snapshot` as the sandbox in `dir` (which exists, as does its
-/// cgroup), named `hostname`. On error nothing of the restore is left in
-/// `dir` and no QEMU runs.
+/// cgroup), named `hostname`, its QEMU in `netns` if the guest has a
+/// network device. On error nothing of the restore is left in `dir` and
+/// no QEMU runs.
 pub(super) async fn restore(
     snapshot: &Path,
     template: &Template,
     dir: &Path,
     cgroup: &SandboxCgroup,
     hostname: &str,
+    netns: Option<Arc<OwnedFd>>,
 ) -> Result<Running> {
     let sockets = Snap::in_dir(dir);
     let writable = dir.join("rw.img");
@@ -430,7 +461,8 @@ pub(super) async fn restore(
         phases[0] = started.elapsed();
         let mem_path = snapshot.join("mem");
         let mem = fs::File::open(&mem_path).map_err(|e| BackendError::io(format!("open {}", mem_path.display()), e))?;
-        let child = spawned.insert(qemu::spawn(&template.spec(&sockets, Some(&mem), &writable))?);
+        let spec = template.spec(&sockets, Some(&mem), &writable, netns.as_deref().map(AsFd::as_fd))?;
+        let child = spawned.insert(qemu::spawn(&spec)?);
         drop(mem);
         let pid = child.id().ok_or_else(|| BackendError::Setup("QEMU exited at once".into()))?;
         cgroup.add_pid(pid as i32).map_err(cgroup_err)?;
@@ -472,7 +504,7 @@ pub(super) async fn restore(
                     name: hostname.to_string(),
                     accel: template.accel,
                     first_stream: RESTORED_FIRST_STREAM,
-                    netns: None,
+                    netns,
                 };
                 Ok(Running { qemu, _mux: mux, paused: false, launch })
             }
@@ -577,7 +609,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let layer = dir.path().join("layer");
         fs::create_dir(&layer).unwrap();
-        let shape = Shape { vcpus: 1, memory_mib: 256, disk_mib: 64, inodes: 1000, pids: 256 };
+        let shape = Shape { vcpus: 1, memory_mib: 256, disk_mib: 64, inodes: 1000, pids: 256, net: true };
         let meta = Meta { sources: vec![Source::of(&layer).unwrap()], shape };
         fs::write(dir.path().join("meta.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
         let read = read_meta(dir.path()).expect("readable");
