@@ -642,34 +642,67 @@ async fn a_full_vm_reaches_only_what_its_policy_allows() {
 /// QEMU sits in no namespace of the sandbox's).
 #[tokio::test]
 async fn a_snapshot_restored_microvm_reaches_only_what_its_policy_allows() {
+    vm_snapshot_egress_case(warren_api::Backend::Microvm).await;
+}
+
+/// The same for a full VM (its guest's network is configured by the agent
+/// service before the snapshot; the no-network check is the microVM's).
+#[tokio::test]
+async fn a_snapshot_restored_full_vm_reaches_only_what_its_policy_allows() {
+    vm_snapshot_egress_case(warren_api::Backend::Vm).await;
+}
+
+async fn vm_snapshot_egress_case(backend: warren_api::Backend) {
     guest::require_qemu_and_kernel("network");
     let (b, peer, _dir, hosts) = echo_peer_named(|peer| format!("{} mirror.test\n", peer.addr));
     let hosts = hosts.to_str().expect("utf-8 path");
     let (server, objects) = start(b, &["--dns-hosts", hosts, "--vm-snapshots", "on"]).await;
     let policy = json!({"rules": [cidr_rule(peer.addr, &[80], "tcp"), {"domain": "mirror.test", "ports": [81]}]});
-    let request = small(json!({"backend": "microvm", "network": "allowlist", "network_policy": policy}));
+    let (request, lookup, _) = vm_request(&server, backend, policy).await;
     let first = create_vm(&server, &request).await;
     assert_eq!(first.boot, Some(warren_api::VmBoot::Cold), "nothing to restore yet");
-    guest::wait_for_snapshots(&server, warren_api::Backend::Microvm, 1).await;
+    guest::wait_for_snapshots(&server, backend, 1).await;
 
     let clone = create_vm(&server, &request).await;
     assert_eq!(clone.boot, Some(warren_api::VmBoot::Snapshot), "{clone:?}");
     assert_eq!(objects.veths().len(), 2, "a veth per VM");
-    vm_policy_holds(&server, &clone.id, peer.addr, "nslookup mirror.test").await;
+    vm_policy_holds(&server, &clone.id, peer.addr, lookup).await;
     server.delete(&first.id).await;
 
-    let plain = create_vm(&server, &small(json!({"backend": "microvm"}))).await;
-    assert_eq!(plain.boot, Some(warren_api::VmBoot::Cold), "a guest with no network from a snapshot with one");
-    let links = server.sh_ok(&plain.id, "cat /proc/net/dev").await;
-    assert!(!links.contains("eth0"), "a sandbox without a network has a network device: {links}");
-    server.delete(&plain.id).await;
-    // Its shape's template runs in the driver's cgroup until snapshotted.
-    assert_eq!(guest::wait_for_snapshots(&server, warren_api::Backend::Microvm, 2).await.len(), 2);
+    if backend == warren_api::Backend::Microvm {
+        let plain = create_vm(&server, &small(json!({"backend": backend}))).await;
+        assert_eq!(plain.boot, Some(warren_api::VmBoot::Cold), "a guest with no network from a snapshot with one");
+        let links = server.sh_ok(&plain.id, "cat /proc/net/dev").await;
+        assert!(!links.contains("eth0"), "a sandbox without a network has a network device: {links}");
+        server.delete(&plain.id).await;
+        // Its shape's template runs in the driver's cgroup until snapshotted.
+        assert_eq!(guest::wait_for_snapshots(&server, backend, 2).await.len(), 2);
+    }
 
-    guest::delete_leaves_nothing(warren_api::Backend::Microvm, &server, &clone.id).await;
+    guest::delete_leaves_nothing(backend, &server, &clone.id).await;
     assert_eq!(objects.veths(), Vec::<String>::new(), "destroy removes the veths");
     server.finish().await;
     objects.assert_gone();
+}
+
+/// A create request for an `allowlist` VM of `backend` under `policy`,
+/// how its image resolves `mirror.test`, and its driver's run directory.
+async fn vm_request(
+    server: &TestServer,
+    backend: warren_api::Backend,
+    policy: Value,
+) -> (Value, &'static str, &'static str) {
+    let mut request = small(json!({"backend": backend, "network": "allowlist", "network_policy": policy}));
+    match backend {
+        warren_api::Backend::Vm => {
+            guest::import_systemd_image(server).await;
+            request["image"] = json!(guest::SYSTEMD_IMAGE);
+            request["memory_mib"] = json!(512);
+            request["disk_mib"] = json!(128);
+            (request, "getent hosts mirror.test", "fullvm")
+        }
+        _ => (request, "nslookup mirror.test", "vm"),
+    }
 }
 
 async fn create_vm(server: &TestServer, request: &Value) -> SandboxInfo {
@@ -704,17 +737,7 @@ async fn vm_egress_case(backend: warren_api::Backend) {
     let (b, peer, _dir, hosts) = echo_peer_named(|peer| format!("{} mirror.test\n", peer.addr));
     let (server, objects) = start(b, &["--dns-hosts", hosts.to_str().expect("utf-8 path")]).await;
     let policy = json!({"rules": [cidr_rule(peer.addr, &[80], "tcp"), {"domain": "mirror.test", "ports": [81]}]});
-    let mut request = small(json!({"backend": backend, "network": "allowlist", "network_policy": policy}));
-    let (lookup, run_dir) = match backend {
-        warren_api::Backend::Vm => {
-            guest::import_systemd_image(&server).await;
-            request["image"] = json!(guest::SYSTEMD_IMAGE);
-            request["memory_mib"] = json!(512);
-            request["disk_mib"] = json!(128);
-            ("getent hosts mirror.test", "fullvm")
-        }
-        _ => ("nslookup mirror.test", "vm"),
-    };
+    let (request, lookup, run_dir) = vm_request(&server, backend, policy).await;
     let sb = create_vm(&server, &request).await;
     assert_eq!(objects.veths().len(), 1, "one veth for the VM");
     vm_policy_holds(&server, &sb.id, peer.addr, lookup).await;
