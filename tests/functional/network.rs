@@ -530,16 +530,22 @@ fn held_uplinks(instance: &str) -> Vec<String> {
         .collect()
 }
 
+/// IPv6 egress is tested wherever it runs: it fails (does not skip) where
+/// the host kernel cannot give it.
+fn require_ipv6_egress() {
+    assert!(
+        std::path::Path::new("/proc/sys/net/ipv6/conf/all/force_forwarding").exists(),
+        "IPv6 egress needs per-interface force_forwarding (Linux 6.17+)"
+    );
+}
+
 fn cidr6_rule(addr: Ipv6Addr, ports: &[u16], protocol: &str) -> Value {
     json!({"cidr": format!("{addr}/128"), "ports": ports, "protocol": protocol})
 }
 
 #[tokio::test]
 async fn ipv6_egress_is_routed_and_held_to_the_same_policy() {
-    assert!(
-        std::path::Path::new("/proc/sys/net/ipv6/conf/all/force_forwarding").exists(),
-        "IPv6 egress needs per-interface force_forwarding (Linux 6.17+)"
-    );
+    require_ipv6_egress();
     let (b, peer, _dir, hosts) = echo_peer_named(|peer| format!("{} mirror6.test\n", peer.addr6));
     // A holder a killed server left on the peer's veth: no such process,
     // so the first server touching the registry lets it go.
@@ -657,7 +663,7 @@ async fn vm_snapshot_egress_case(backend: warren_api::Backend) {
     let (b, peer, _dir, hosts) = echo_peer_named(|peer| format!("{} mirror.test\n", peer.addr));
     let hosts = hosts.to_str().expect("utf-8 path");
     let (server, objects) = start(b, &["--dns-hosts", hosts, "--vm-snapshots", "on"]).await;
-    let policy = json!({"rules": [cidr_rule(peer.addr, &[80], "tcp"), {"domain": "mirror.test", "ports": [81]}]});
+    let policy = vm_policy(&peer);
     let (request, lookup, _) = vm_request(&server, backend, policy).await;
     let first = create_vm(&server, &request).await;
     assert_eq!(first.boot, Some(warren_api::VmBoot::Cold), "nothing to restore yet");
@@ -666,7 +672,7 @@ async fn vm_snapshot_egress_case(backend: warren_api::Backend) {
     let clone = create_vm(&server, &request).await;
     assert_eq!(clone.boot, Some(warren_api::VmBoot::Snapshot), "{clone:?}");
     assert_eq!(objects.veths().len(), 2, "a veth per VM");
-    vm_policy_holds(&server, &clone.id, peer.addr, lookup).await;
+    vm_policy_holds(&server, &clone.id, &peer, lookup).await;
     server.delete(&first.id).await;
 
     if backend == warren_api::Backend::Microvm {
@@ -711,10 +717,20 @@ async fn create_vm(server: &TestServer, request: &Value) -> SandboxInfo {
     serde_json::from_value(body).expect("a sandbox info")
 }
 
-/// The checks of an `allowlist` VM whose policy allows `peer`'s TCP port
-/// 80 and `mirror.test` (resolved to `peer`) on port 81, `lookup` being
-/// how the image resolves a name.
-async fn vm_policy_holds(server: &TestServer, id: &str, peer: Ipv4Addr, lookup: &str) {
+/// What the VM cases allow: `peer`'s TCP port 80 in IPv4 and IPv6, and
+/// `mirror.test` (resolved to `peer`) on port 81.
+fn vm_policy(peer: &Peer) -> Value {
+    json!({"rules": [
+        cidr_rule(peer.addr, &[80], "tcp"),
+        cidr6_rule(peer.addr6, &[80], "tcp"),
+        {"domain": "mirror.test", "ports": [81]},
+    ]})
+}
+
+/// The checks of an `allowlist` VM under [`vm_policy`], `lookup` being how
+/// the image resolves a name.
+async fn vm_policy_holds(server: &TestServer, id: &str, peer: &Peer, lookup: &str) {
+    let (peer6, peer) = (peer.addr6, peer.addr);
     let bytes = std::fs::read(probe_binary()).expect("read the probe");
     let (status, body) = server.put_file(id, PROBE, bytes, Some("755")).await;
     assert_eq!(status, StatusCode::OK, "upload the probe: {body}");
@@ -730,17 +746,24 @@ async fn vm_policy_holds(server: &TestServer, id: &str, peer: Ipv4Addr, lookup: 
     let found = server.sh_ok(id, lookup).await;
     assert!(found.contains(&peer.to_string()), "{found}");
     assert_eq!(probe(server, id, &format!("tcp {peer} 81")).await, "tcp OK\necho OK\n", "pinned");
+
+    // IPv6: QEMU's own IPv6 sockets, held to the same rules.
+    require_ipv6_egress();
+    assert_eq!(probe(server, id, &format!("tcp6 {peer6} 80")).await, "tcp6 OK\necho OK\n");
+    let refused = probe(server, id, &format!("tcp6 {peer6} 81")).await;
+    assert!(!refused.contains("tcp6 OK"), "IPv6 port 81 has no rule: {refused}");
+    wait_event(server, id, SecurityEventKind::NetworkBlocked, &format!("tcp [{peer6}]:81")).await;
 }
 
 async fn vm_egress_case(backend: warren_api::Backend) {
     guest::require_qemu_and_kernel("network");
     let (b, peer, _dir, hosts) = echo_peer_named(|peer| format!("{} mirror.test\n", peer.addr));
     let (server, objects) = start(b, &["--dns-hosts", hosts.to_str().expect("utf-8 path")]).await;
-    let policy = json!({"rules": [cidr_rule(peer.addr, &[80], "tcp"), {"domain": "mirror.test", "ports": [81]}]});
+    let policy = vm_policy(&peer);
     let (request, lookup, run_dir) = vm_request(&server, backend, policy).await;
     let sb = create_vm(&server, &request).await;
     assert_eq!(objects.veths().len(), 1, "one veth for the VM");
-    vm_policy_holds(&server, &sb.id, peer.addr, lookup).await;
+    vm_policy_holds(&server, &sb.id, &peer, lookup).await;
 
     // Paused to disk and resumed, QEMU starts again in the same namespace.
     let mem = server.data_dir().join(run_dir).join(&sb.id).join("paused.mem");

@@ -3,7 +3,7 @@
 //! outside `pre_exec` hooks lives here.
 
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 /// What `fork` returned to this process.
@@ -230,6 +230,56 @@ pub fn configure_ipv4(name: &str, addr: Ipv4Addr, prefix: u8, gateway: Ipv4Addr)
     ioctl(&sock, libc::SIOCADDRT, &mut route)
 }
 
+/// Gives interface `name` (up already) the IPv6 address `addr`/`prefix`
+/// and routes everything beyond its network through `gateway`.
+pub fn configure_ipv6(name: &str, addr: Ipv6Addr, prefix: u8, gateway: Ipv6Addr) -> io::Result<()> {
+    use rustix::net::{socket_with, AddressFamily, SocketFlags, SocketType};
+    let sock = socket_with(AddressFamily::INET6, SocketType::DGRAM, SocketFlags::CLOEXEC, None)?;
+    let c_name = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `c_name` is a NUL-terminated string that outlives the call.
+    let index = unsafe { libc::if_nametoindex(c_name.as_ptr()) };
+    if index == 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let index = libc::c_int::try_from(index).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+    let mut address =
+        libc::in6_ifreq { ifr6_addr: in6(addr), ifr6_prefixlen: u32::from(prefix.min(128)), ifr6_ifindex: index };
+    ioctl(&sock, libc::SIOCSIFADDR, &mut address)?;
+    let mut route = In6Rtmsg {
+        dst: in6(Ipv6Addr::UNSPECIFIED),
+        src: in6(Ipv6Addr::UNSPECIFIED),
+        gateway: in6(gateway),
+        kind: 0,
+        dst_len: 0,
+        src_len: 0,
+        metric: 1,
+        info: 0,
+        flags: (libc::RTF_UP | libc::RTF_GATEWAY) as u32,
+        ifindex: index,
+    };
+    ioctl(&sock, libc::SIOCADDRT, &mut route)
+}
+
+/// The kernel's `struct in6_rtmsg` (`linux/ipv6_route.h`), which the libc
+/// crate declares with private fields.
+#[repr(C)]
+struct In6Rtmsg {
+    dst: libc::in6_addr,
+    src: libc::in6_addr,
+    gateway: libc::in6_addr,
+    kind: u32,
+    dst_len: u16,
+    src_len: u16,
+    metric: u32,
+    info: libc::c_ulong,
+    flags: u32,
+    ifindex: libc::c_int,
+}
+
+fn in6(addr: Ipv6Addr) -> libc::in6_addr {
+    libc::in6_addr { s6_addr: addr.octets() }
+}
+
 fn inet_socket() -> io::Result<OwnedFd> {
     use rustix::net::{socket_with, AddressFamily, SocketFlags, SocketType};
     Ok(socket_with(AddressFamily::INET, SocketType::DGRAM, SocketFlags::CLOEXEC, None)?)
@@ -256,10 +306,13 @@ fn bring_up(sock: &OwnedFd, name: &str) -> io::Result<()> {
     ioctl(sock, libc::SIOCSIFFLAGS, &mut req)
 }
 
-/// One of the socket ioctls above on `arg` (an `ifreq` or an `rtentry`).
+/// One of the socket ioctls above on `arg` (an `ifreq`, `in6_ifreq`,
+/// `rtentry` or `in6_rtmsg`).
 fn ioctl<T>(sock: &OwnedFd, request: libc::c_ulong, arg: &mut T) -> io::Result<()> {
     // SAFETY: every caller passes the struct its request reads or writes
-    // (SIOC[GS]IF* an `ifreq`, SIOCADDRT an `rtentry`), valid for the call.
+    // on its socket's family (SIOC[GS]IF* an `ifreq`, or an `in6_ifreq` on
+    // an IPv6 socket; SIOCADDRT an `rtentry`, or an `in6_rtmsg` on an IPv6
+    // socket), valid for the call.
     if unsafe { libc::ioctl(sock.as_raw_fd(), request, arg as *mut T) } == -1 {
         return Err(io::Error::last_os_error());
     }

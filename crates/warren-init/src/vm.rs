@@ -12,7 +12,8 @@
 //! `warren.layers=<n>`, `warren.hostname=<name>`, `warren.pids=<n>` (the
 //! sandbox's pids limit: a guest cgroup for a microVM, the agent unit's
 //! `TasksMax` for a full VM), `warren.net` (the VM has a network device:
-//! load `virtio_net` and configure `eth0` for QEMU's user-mode network),
+//! load `virtio_net` and configure `eth0` for QEMU's user-mode network,
+//! IPv4 and IPv6),
 //! `warren.probe` (power
 //! off as soon as init runs: the node's check that an accelerator can boot
 //! this guest at all), and `warren.systemd` (a full VM: after stacking the
@@ -141,6 +142,8 @@ fn boot() -> Result<Booted, InitError> {
     trace("init runs");
     load_modules("order", &trace)?;
     if args.net {
+        // Before the device exists: it takes these as its own settings.
+        static_ipv6_only()?;
         load_modules("net-order", &trace)?;
         configure_network()?;
     }
@@ -271,6 +274,24 @@ fn load_modules(list: &str, trace: &dyn Fn(&str)) -> Result<(), InitError> {
 const GUEST_ADDR: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 2, 15);
 const GUEST_PREFIX: u8 = 24;
 const GUEST_GATEWAY: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 2, 2);
+/// The same in IPv6 (`fec0::/64`, see the driver's `GUEST_NET6`).
+const GUEST_ADDR6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0xfec0, 0, 0, 0, 0, 0, 0, 0x15);
+const GUEST_PREFIX6: u8 = 64;
+const GUEST_GATEWAY6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0xfec0, 0, 0, 0, 0, 0, 0, 2);
+/// The IPv6 settings every new network device starts with: no duplicate
+/// address detection (the address would stay unusable for a second, and
+/// slirp is the only other host on the link) and no address or route from
+/// router advertisements (slirp sends them; the guest's address and route
+/// are the fixed ones above).
+const IPV6_DEVICE_DEFAULTS: &[(&str, &str)] = &[("accept_dad", "0"), ("accept_ra", "0"), ("autoconf", "0")];
+
+fn static_ipv6_only() -> Result<(), InitError> {
+    for (key, value) in IPV6_DEVICE_DEFAULTS {
+        let path = format!("/proc/sys/net/ipv6/conf/default/{key}");
+        std::fs::write(&path, value).step(|| format!("write {path}"))?;
+    }
+    Ok(())
+}
 
 /// Gives `eth0` (the only network device) the guest's address and a
 /// default route. Its driver binds the device as the module loads; a
@@ -279,7 +300,10 @@ fn configure_network() -> Result<(), InitError> {
     let started = Instant::now();
     loop {
         match sys::configure_ipv4("eth0", GUEST_ADDR, GUEST_PREFIX, GUEST_GATEWAY) {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                return sys::configure_ipv6("eth0", GUEST_ADDR6, GUEST_PREFIX6, GUEST_GATEWAY6)
+                    .step(|| "configure eth0 (IPv6)".into())
+            }
             Err(e) if e.raw_os_error() == Some(libc::ENODEV) && started.elapsed() < DEVICE_WAIT => {
                 std::thread::sleep(DEVICE_POLL)
             }

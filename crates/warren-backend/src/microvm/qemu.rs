@@ -114,8 +114,11 @@ pub struct VmSpec<'a> {
 }
 
 /// The guest's side of QEMU's user-mode network: slirp's defaults, which
-/// the guest's init assumes (address `.15`, gateway `.2`).
+/// the guest's init assumes (address `.15`, gateway `.2`; in IPv6 `::15`
+/// and `::2`). slirp's IPv6 default is the old site-local prefix, which no
+/// destination a policy could name lives in.
 pub const GUEST_NET: &str = "10.0.2.0/24";
+pub const GUEST_NET6: &str = "fec0::/64";
 
 /// The descriptor QEMU reads an incoming migration stream from.
 const INCOMING_FD: i32 = 3;
@@ -214,7 +217,7 @@ pub fn spawn(spec: &VmSpec<'_>) -> Result<Child> {
         // The guest's init configures `eth0` as slirp's network expects it
         // (see `GUEST_NET`); udev must not rename it in a full VM.
         append.push_str(" warren.net net.ifnames=0");
-        cmd.args(["-netdev", &format!("user,id=net0,ipv6=off,net={GUEST_NET}")])
+        cmd.args(["-netdev", &format!("user,id=net0,ipv4=on,net={GUEST_NET},ipv6=on,ipv6-net={GUEST_NET6}")])
             .args(["-device", &format!("{},netdev=net0", spec.machine.device("virtio-net"))]);
     }
     cmd.arg("-kernel").arg(spec.kernel).arg("-initrd").arg(spec.initramfs).args(["-append", &append]);
