@@ -400,24 +400,6 @@ async fn import_marked(server: &TestServer, version: &str) -> (StatusCode, serde
     server.call(reqwest::Method::POST, "/v1/images", Some(&json!({"name": "snapped", "dir": dir}))).await
 }
 
-/// Idle members of the warm pools of image `busybox`, from `GET /metrics`.
-async fn pool_idle(server: &TestServer) -> f64 {
-    let answer = server.http.get(format!("{}/metrics", server.url)).send().await.expect("GET /metrics");
-    let text = answer.text().await.expect("the metrics text");
-    warren_tests::prometheus::parse(&text).get(r#"warren_pool_idle_sandboxes{image="busybox"}"#)
-}
-
-/// Waits (bounded by a count) until the pool holds an idle booted VM.
-async fn wait_pool_filled(server: &TestServer) {
-    for _ in 0..1200 {
-        if pool_idle(server).await >= 1.0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    panic!("the microvm pool never filled; log:\n{}", server.log_tail(40));
-}
-
 /// `--pool backend=microvm,...` keeps a booted VM: a create of that shape
 /// claims it (`from_pool`, its init answers at once), the pool refills
 /// with another, a different shape still boots, and stopping the server
@@ -428,12 +410,12 @@ async fn a_microvm_pool_hands_out_booted_vms() {
     let pool =
         format!("backend=microvm,image=busybox,cpus=1,memory_mib={GUEST_MEMORY_MIB},disk_mib=64,pids=256,size=1");
     let server = TestServer::start_with(&["--pool", &pool]).await;
-    wait_pool_filled(&server).await;
+    server.wait_pool_idle(1).await;
     let claimed = create_vm(&server, json!({"env": {"FROM_SANDBOX": "s"}})).await;
     assert!(claimed.from_pool, "a matching create claims the booted VM: {claimed:?}");
     assert_eq!(claimed.backend, warren_api::Backend::Microvm);
     assert_eq!(server.sh_ok(&claimed.id, "echo $FROM_SANDBOX; uname -r | grep -c cloud").await, "s\n1\n");
-    wait_pool_filled(&server).await;
+    server.wait_pool_idle(1).await;
 
     let other = create_vm(&server, json!({"memory_mib": GUEST_MEMORY_MIB + 64})).await;
     assert!(!other.from_pool, "another shape boots its own VM");

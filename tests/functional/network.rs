@@ -623,6 +623,71 @@ async fn ipv6_egress_is_routed_and_held_to_the_same_policy() {
     }
 }
 
+/// A warm pool of `allowlist` members (`--pool ...,network=allowlist`):
+/// a member holds an empty network namespace until a create claims it, and
+/// the claim plugs it with that create's own policy, so two claims with
+/// different policies each reach what theirs allows and nothing else.
+#[tokio::test]
+async fn pooled_allowlist_sandboxes_get_their_own_policy_at_the_claim() {
+    pooled_allowlist_case(warren_api::Backend::Container).await;
+}
+
+/// The same with a pool of booted `allowlist` microVMs.
+#[tokio::test]
+async fn pooled_allowlist_microvms_get_their_own_policy_at_the_claim() {
+    guest::require_qemu_and_kernel("network");
+    pooled_allowlist_case(warren_api::Backend::Microvm).await;
+}
+
+async fn pooled_allowlist_case(backend: warren_api::Backend) {
+    let b = block();
+    let mut peer = Peer::new(b);
+    peer.serve_echo(80);
+    peer.serve_echo(81);
+    let backend_name = backend.as_str();
+    let pool = format!(
+        "backend={backend_name},image=busybox,cpus=1,memory_mib=128,disk_mib=64,pids=256,network=allowlist,size=2"
+    );
+    let (server, objects) = start(b, &["--pool", &pool]).await;
+    server.wait_pool_idle(2).await;
+    let to_80 = pooled_allowlist(&server, backend, json!({"rules": [cidr_rule(peer.addr, &[80], "tcp")]})).await;
+    let to_81 = pooled_allowlist(&server, backend, json!({"rules": [cidr_rule(peer.addr, &[81], "tcp")]})).await;
+    assert_eq!(objects.veths().len(), 2, "a veth per claimed sandbox, none for the members waiting");
+    // A VM's refused connect reaches the guest as a reset, a container's as EPERM.
+    for (sb, allowed, refused) in [(&to_80, 80, 81), (&to_81, 81, 80)] {
+        let resolv = server.sh_ok(&sb.id, "cat /etc/resolv.conf").await;
+        assert!(resolv.starts_with("nameserver 10.250."), "{resolv}");
+        assert_eq!(probe(&server, &sb.id, &format!("tcp {} {allowed}", peer.addr)).await, "tcp OK\necho OK\n");
+        let blocked = probe(&server, &sb.id, &format!("tcp {} {refused}", peer.addr)).await;
+        assert!(!blocked.contains("tcp OK"), "port {refused} has no rule: {blocked}");
+        wait_event(&server, &sb.id, SecurityEventKind::NetworkBlocked, &format!("{}:{refused}", peer.addr)).await;
+    }
+    server.delete(&to_80.id).await;
+    server.delete(&to_81.id).await;
+    assert_eq!(objects.veths(), Vec::<String>::new(), "destroy removes the veths");
+    server.finish().await;
+    objects.assert_gone();
+}
+
+/// An `allowlist` sandbox of `backend` under `policy` claimed from the
+/// pool (creates until one is: the pool fills in the background), with the
+/// probe in it.
+async fn pooled_allowlist(server: &TestServer, backend: warren_api::Backend, policy: Value) -> SandboxInfo {
+    for _ in 0..600 {
+        let request = small(json!({"backend": backend, "network": "allowlist", "network_policy": policy}));
+        let sb = create_ok(server, &request).await;
+        if sb.from_pool {
+            let bytes = std::fs::read(probe_binary()).expect("read the probe");
+            let (status, body) = server.put_file(&sb.id, PROBE, bytes, Some("755")).await;
+            assert_eq!(status, StatusCode::OK, "upload the probe: {body}");
+            return sb;
+        }
+        server.delete(&sb.id).await;
+        sleep(Duration::from_millis(200)).await;
+    }
+    panic!("no pooled sandbox; log:\n{}", server.log_tail(30));
+}
+
 /// A VM in `allowlist` mode: QEMU runs in the sandbox's network namespace
 /// and cgroup, so the guest's connections (QEMU's user-mode network makes
 /// them QEMU's own sockets) meet the same veth, NAT, egress programs,
@@ -665,18 +730,18 @@ async fn vm_snapshot_egress_case(backend: warren_api::Backend) {
     let (server, objects) = start(b, &["--dns-hosts", hosts, "--vm-snapshots", "on"]).await;
     let policy = vm_policy(&peer);
     let (request, lookup, _) = vm_request(&server, backend, policy).await;
-    let first = create_vm(&server, &request).await;
+    let first = create_ok(&server, &request).await;
     assert_eq!(first.boot, Some(warren_api::VmBoot::Cold), "nothing to restore yet");
     guest::wait_for_snapshots(&server, backend, 1).await;
 
-    let clone = create_vm(&server, &request).await;
+    let clone = create_ok(&server, &request).await;
     assert_eq!(clone.boot, Some(warren_api::VmBoot::Snapshot), "{clone:?}");
     assert_eq!(objects.veths().len(), 2, "a veth per VM");
     vm_policy_holds(&server, &clone.id, &peer, lookup).await;
     server.delete(&first.id).await;
 
     if backend == warren_api::Backend::Microvm {
-        let plain = create_vm(&server, &small(json!({"backend": backend}))).await;
+        let plain = create_ok(&server, &small(json!({"backend": backend}))).await;
         assert_eq!(plain.boot, Some(warren_api::VmBoot::Cold), "a guest with no network from a snapshot with one");
         let links = server.sh_ok(&plain.id, "cat /proc/net/dev").await;
         assert!(!links.contains("eth0"), "a sandbox without a network has a network device: {links}");
@@ -711,7 +776,7 @@ async fn vm_request(
     }
 }
 
-async fn create_vm(server: &TestServer, request: &Value) -> SandboxInfo {
+async fn create_ok(server: &TestServer, request: &Value) -> SandboxInfo {
     let (status, body) = server.try_create(request).await;
     assert_eq!(status, StatusCode::CREATED, "{body}\nlog:\n{}", server.log_tail(30));
     serde_json::from_value(body).expect("a sandbox info")
@@ -761,7 +826,7 @@ async fn vm_egress_case(backend: warren_api::Backend) {
     let (server, objects) = start(b, &["--dns-hosts", hosts.to_str().expect("utf-8 path")]).await;
     let policy = vm_policy(&peer);
     let (request, lookup, run_dir) = vm_request(&server, backend, policy).await;
-    let sb = create_vm(&server, &request).await;
+    let sb = create_ok(&server, &request).await;
     assert_eq!(objects.veths().len(), 1, "one veth for the VM");
     vm_policy_holds(&server, &sb.id, &peer, lookup).await;
 

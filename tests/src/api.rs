@@ -383,6 +383,26 @@ impl TestServer {
         json_response(send(rb).await).await
     }
 
+    /// Idle members of the warm pools of image `busybox`, from `GET /metrics`.
+    pub async fn pool_idle(&self) -> f64 {
+        let answer = self.http.get(format!("{}/metrics", self.url)).send().await.expect("GET /metrics");
+        let text = answer.text().await.expect("the metrics text");
+        crate::prometheus::parse(&text).get(r#"warren_pool_idle_sandboxes{image="busybox"}"#)
+    }
+
+    /// Waits (bounded by a count, not a clock: a booted VM under TCG takes
+    /// what it takes) until the pools of image `busybox` hold `n` idle
+    /// members.
+    pub async fn wait_pool_idle(&self, n: usize) {
+        for _ in 0..1200 {
+            if self.pool_idle().await >= n as f64 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        panic!("the pool never held {n} idle members; log:\n{}", self.log_tail(40));
+    }
+
     /// Waits until the server answers `/v1/health`.
     pub async fn wait_healthy(&self) {
         let deadline = Instant::now() + SERVER_WAIT;

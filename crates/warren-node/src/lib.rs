@@ -530,9 +530,11 @@ impl Node {
         }
 
         let mut layer_leases = image.leases;
-        // Pool members are made without phases or an egress policy; a
-        // sandbox that asks for either is always made fresh.
-        let poolable = req.phases.is_empty() && req.network_policy.is_none() && pool::pooled_backend(req.backend);
+        // Pool members are made without phases (the first phase's rules
+        // start with the member's init); a sandbox with phases is always
+        // made fresh. An `allowlist` member's network and policy are
+        // plugged below, at the claim, as a fresh sandbox's are.
+        let poolable = req.phases.is_empty() && pool::pooled_backend(req.backend);
         let pooled = if poolable { self.claim_pooled(&pool_key).await } else { None };
         let made = match pooled {
             Some((handle, member_leases)) => {

@@ -9,6 +9,11 @@
 //! keeps the hostname it was made with (its own id), as a container
 //! member does.
 //!
+//! `network=allowlist` keeps members with a network namespace of their own
+//! and nothing in it: the claim plugs the veth, NAT and egress programs
+//! with the request's own policy, as a fresh create does once made (the
+//! plug is part of the claim's time). No policy is in a member before.
+//!
 //! Refills yield to requests: making a member costs as much CPU as a cold
 //! create, and one made at once after a claim competes with the claimed
 //! sandbox's first execs. So while a pool holds at least half its size, the
@@ -29,6 +34,7 @@ use warren_image::cache::LayerLease;
 use crate::{new_id, Node};
 
 /// `image=busybox,cpus=1,memory_mib=256,disk_mib=256,pids=512,network=none,size=4`
+/// (`network` is `none`, `loopback` or `allowlist`)
 /// (also `inodes`, `open_files` and `backend=container|microvm|vm`);
 /// omitted keys take the create request's defaults, the inode cap the one
 /// derived from the pool's disk size.
@@ -78,6 +84,7 @@ impl FromStr for PoolSpec {
                     spec.network = match v {
                         "none" => NetworkMode::None,
                         "loopback" => NetworkMode::Loopback,
+                        "allowlist" => NetworkMode::Allowlist,
                         _ => return Err(format!("bad value for network: `{v}`")),
                     }
                 }
@@ -311,6 +318,9 @@ mod tests {
         assert!("backend=lambda".parse::<PoolSpec>().unwrap_err().contains("backend"));
         assert_eq!((s.image.as_str(), s.resources.cpus, s.resources.memory_mib, s.size), ("busybox", 0.5, 128, 3));
         assert_eq!(s.network, NetworkMode::Loopback);
+        let egress: PoolSpec = "network=allowlist".parse().unwrap();
+        assert_eq!(egress.network, NetworkMode::Allowlist);
+        assert!("network=open".parse::<PoolSpec>().unwrap_err().contains("network"));
         assert_eq!(s.resources.inodes, warren_api::default_inodes(s.resources.disk_mib));
         let capped: PoolSpec = "disk_mib=8,inodes=900,open_files=64".parse().unwrap();
         assert_eq!((capped.resources.inodes, capped.resources.open_files), (900, 64));
