@@ -237,9 +237,10 @@ pub trait Driver: Send + Sync {
     /// Whether the sandbox's init still lives (and answers, for re-adoption).
     async fn probe(&self, handle: &SandboxHandle) -> Liveness;
 
-    /// [`Driver::probe`] for a sandbox in which nothing has run yet (a
-    /// warm-pool member being claimed), as cheaply as the backend can
-    /// tell: a backend may skip the round trip to init there.
+    /// [`Driver::probe`] as cheaply as the backend can tell whether init
+    /// lives: a backend may skip the round trip to init that proves it
+    /// answers. For a warm-pool member being claimed (nothing has run in
+    /// it yet) and for the reaper's probes between two pings.
     async fn probe_idle(&self, handle: &SandboxHandle) -> Liveness {
         self.probe(handle).await
     }

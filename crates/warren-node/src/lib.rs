@@ -45,7 +45,7 @@ pub mod trajectory;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -82,6 +82,13 @@ const CREATE_DEADLINE: Duration = Duration::from_secs(60);
 const REAP_INTERVAL: Duration = Duration::from_millis(250);
 /// Liveness probes run every this many reaper ticks.
 const PROBE_EVERY_TICKS: u64 = 8;
+/// One probe in this many has init answer a ping; the others only look
+/// whether it lives ([`Driver::probe_idle`]: for a container, no wake-up
+/// inside the sandbox). Pings of idle sandboxes were most of an idle
+/// node's CPU (each is a connection init serves on a thread of its own).
+/// While a ping goes unanswered, every probe pings, so the
+/// [`UNRESPONSIVE_GRACE`] is counted as before.
+const PING_EVERY_PROBES: u64 = 4;
 /// How long a sandbox whose PID 1 is there may leave every ping unanswered
 /// before it is ended as `init_died`. A ping alone is a poor judge: a TCG
 /// guest on a loaded host misses its 2 s for a while and then answers.
@@ -235,6 +242,8 @@ struct Live {
     unanswered_since: Mutex<Option<std::time::Instant>>,
     /// A probe of this sandbox is in flight; the reaper starts no second one.
     probing: AtomicBool,
+    /// Probes so far (see [`PING_EVERY_PROBES`]).
+    probes: AtomicU64,
     /// Keeps the sandbox's layered-image layers mounted while it lives.
     _layers: Vec<LayerLease>,
 }
@@ -261,6 +270,7 @@ impl Live {
             limits: Mutex::new(limits::LimitWatch::default()),
             unanswered_since: Mutex::new(None),
             probing: AtomicBool::new(false),
+            probes: AtomicU64::new(0),
         })
     }
 
@@ -1303,8 +1313,11 @@ impl Node {
     /// it if its init is gone, or has answered no ping for
     /// [`UNRESPONSIVE_GRACE`].
     async fn probe_once(self, live: Arc<Live>) {
+        let silent = live.unanswered_since.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+        let ping = pings(live.probes.fetch_add(1, Ordering::Relaxed), silent);
         let verdict = match Arc::clone(&self.inner.probe_slots).acquire_owned().await {
-            Ok(_slot) => probe_verdict(&live, live.driver.probe(&live.handle).await),
+            Ok(_slot) if ping => probe_verdict(&live, live.driver.probe(&live.handle).await),
+            Ok(_slot) => probe_verdict(&live, live.driver.probe_idle(&live.handle).await),
             // Closed only with the node.
             Err(_) => None,
         };
@@ -1476,6 +1489,13 @@ impl Node {
 /// The environment every exec starts from, before the sandbox's own.
 /// Records a `limit_hit` event for each limit the sandbox ran into since
 /// the last look. A sandbox that is going away has no counters: skipped.
+/// Whether probe number `probe` (from 0) of a sandbox pings its init:
+/// one in [`PING_EVERY_PROBES`], the first included, and every probe while
+/// the last ping went unanswered (`silent`).
+fn pings(probe: u64, silent: bool) -> bool {
+    silent || probe.is_multiple_of(PING_EVERY_PROBES)
+}
+
 /// Clears a "round in flight" flag when the round ends, also by a panic.
 struct RoundFlag(Arc<AtomicBool>);
 
@@ -1558,5 +1578,17 @@ fn probe_verdict(live: &Live, liveness: Liveness) -> Option<(EndReason, Option<S
         }
         Liveness::Dead { oom: true } => Some((EndReason::Oom, Some("init was killed by the OOM killer".to_string()))),
         Liveness::Dead { oom: false } => Some((EndReason::InitDied, Some("the sandbox's init exited".to_string()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probes_ping_one_in_four_and_every_time_while_init_is_silent() {
+        let pinged: Vec<u64> = (0..9).filter(|&n| pings(n, false)).collect();
+        assert_eq!(pinged, vec![0, 4, 8], "the first probe pings, then one in {PING_EVERY_PROBES}");
+        assert!((0..9).all(|n| pings(n, true)), "a silent init is pinged by every probe");
     }
 }
