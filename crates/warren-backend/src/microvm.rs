@@ -839,6 +839,16 @@ impl Driver for MicroVmDriver {
         self.remove(&handle.id).await
     }
 
+    /// A live QEMU is all this looks at: no round trip into the guest,
+    /// which under TCG costs the guest's vCPU a wake-up and the ping's
+    /// work in emulated code.
+    async fn probe_idle(&self, handle: &SandboxHandle) -> Liveness {
+        match self.seen(&handle.id) {
+            Seen::OnDisk | Seen::Running { exited: false, .. } if self.state(handle).is_ok() => Liveness::Alive,
+            _ => self.probe(handle).await,
+        }
+    }
+
     async fn probe(&self, handle: &SandboxHandle) -> Liveness {
         if self.state(handle).is_err() {
             return Liveness::Dead { oom: false };
@@ -1238,6 +1248,23 @@ mod tests {
         assert_eq!(driver.seen("noqmp"), Seen::Running { exited: false, paused: false }, "left as it was");
         assert!(matches!(driver.pause_to_disk(&vm), Err(BackendError::Gone)));
         assert!(!driver.dir("noqmp").join(PAUSED_MEM).exists());
+    }
+
+    /// Between pings the reaper asks `probe_idle`: a live QEMU is enough
+    /// (nothing listens on the control socket here, so a ping would find
+    /// the guest silent), and a QEMU that exited is a full probe's death.
+    #[tokio::test]
+    async fn probe_idle_looks_at_qemu_and_not_into_the_guest() {
+        let run_dir = tempfile::tempdir().unwrap();
+        let driver = driver(run_dir.path());
+        let vm = fake_vm(&driver, "quiet");
+        assert_eq!(driver.probe_idle(&vm).await, Liveness::Alive);
+        assert_eq!(driver.probe(&vm).await, Liveness::Unresponsive, "the ping finds nobody");
+        let mut running = driver.running().remove("quiet").unwrap();
+        running.qemu.start_kill().unwrap();
+        running.qemu.wait().await.unwrap();
+        driver.running().insert("quiet".into(), running);
+        assert_eq!(driver.probe_idle(&vm).await, Liveness::Dead { oom: false });
     }
 
     /// The CI flake: a probe's ping was in flight when a pause to disk took
