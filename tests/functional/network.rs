@@ -716,8 +716,8 @@ async fn a_snapshot_restored_microvm_reaches_only_what_its_policy_allows() {
     vm_snapshot_egress_case(warren_api::Backend::Microvm).await;
 }
 
-/// The same for a full VM (its guest's network is configured by the agent
-/// service before the snapshot; the no-network check is the microVM's).
+/// The same for a full VM (its initramfs configures the network before
+/// systemd starts; the no-network check is the microVM's).
 #[tokio::test]
 async fn a_snapshot_restored_full_vm_reaches_only_what_its_policy_allows() {
     vm_snapshot_egress_case(warren_api::Backend::Vm).await;

@@ -205,14 +205,14 @@ pub fn move_fd(fd: OwnedFd, target: RawFd) -> io::Result<OwnedFd> {
 
 /// Sets `IFF_UP` on the loopback interface of this network namespace.
 pub fn bring_loopback_up() -> io::Result<()> {
-    let sock = inet_socket()?;
+    let sock = inet_socket(rustix::net::AddressFamily::INET)?;
     bring_up(&sock, "lo")
 }
 
 /// Gives interface `name` the IPv4 address `addr`/`prefix`, brings it up
 /// and routes everything beyond its network through `gateway`.
 pub fn configure_ipv4(name: &str, addr: Ipv4Addr, prefix: u8, gateway: Ipv4Addr) -> io::Result<()> {
-    let sock = inet_socket()?;
+    let sock = inet_socket(rustix::net::AddressFamily::INET)?;
     let mut req = ifreq(name)?;
     req.ifr_ifru.ifru_addr = sockaddr_v4(addr);
     ioctl(&sock, libc::SIOCSIFADDR, &mut req)?;
@@ -233,8 +233,7 @@ pub fn configure_ipv4(name: &str, addr: Ipv4Addr, prefix: u8, gateway: Ipv4Addr)
 /// Gives interface `name` (up already) the IPv6 address `addr`/`prefix`
 /// and routes everything beyond its network through `gateway`.
 pub fn configure_ipv6(name: &str, addr: Ipv6Addr, prefix: u8, gateway: Ipv6Addr) -> io::Result<()> {
-    use rustix::net::{socket_with, AddressFamily, SocketFlags, SocketType};
-    let sock = socket_with(AddressFamily::INET6, SocketType::DGRAM, SocketFlags::CLOEXEC, None)?;
+    let sock = inet_socket(rustix::net::AddressFamily::INET6)?;
     let c_name = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: `c_name` is a NUL-terminated string that outlives the call.
     let index = unsafe { libc::if_nametoindex(c_name.as_ptr()) };
@@ -280,9 +279,10 @@ fn in6(addr: Ipv6Addr) -> libc::in6_addr {
     libc::in6_addr { s6_addr: addr.octets() }
 }
 
-fn inet_socket() -> io::Result<OwnedFd> {
-    use rustix::net::{socket_with, AddressFamily, SocketFlags, SocketType};
-    Ok(socket_with(AddressFamily::INET, SocketType::DGRAM, SocketFlags::CLOEXEC, None)?)
+/// A datagram socket of `family`, for the interface and route ioctls.
+fn inet_socket(family: rustix::net::AddressFamily) -> io::Result<OwnedFd> {
+    use rustix::net::{socket_with, SocketFlags, SocketType};
+    Ok(socket_with(family, SocketType::DGRAM, SocketFlags::CLOEXEC, None)?)
 }
 
 /// An `ifreq` naming interface `name`, all else zero.
