@@ -175,7 +175,9 @@ async fn file_cases(server: &TestServer, id: &str) {
     // A full writable disk: the upload fails with `no_space`, the old file
     // stays, and no staged remains are left behind.
     server.put_file_ok(id, "/work/keep.txt", "old").await;
-    server.sh_ok(id, "rm -f /work/blob.bin; head -c 1000m /dev/zero > /fill 2>/dev/null; sync; true").await;
+    // In megabyte writes: busybox's `head -c` copies a byte at a time,
+    // which under TCG took two minutes for this disk.
+    server.sh_ok(id, "rm -f /work/blob.bin; dd if=/dev/zero of=/fill bs=1M 2>/dev/null; sync; true").await;
     let (status, body) = server.put_file(id, "/work/keep.txt", chunked_body(&pattern(4 * MIB)), None).await;
     assert_api_error(status, &body, ErrorCode::NoSpace, None);
     assert_eq!(server.sh_ok(id, "cat /work/keep.txt; ls -A /work").await, "oldkeep.txt\nprivate\nrun.sh\n");
