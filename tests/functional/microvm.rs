@@ -3,7 +3,7 @@
 //! backend does (exec, limits, sessions, events, pause, end reasons) is the
 //! parity suite's (`parity.rs`); here is what only a VM has - the
 //! accelerator, the guest's kernel and resources, a delete that leaves no
-//! QEMU process, disk, socket or cgroup, no re-adoption after a restart -
+//! QEMU process, disk, socket or cgroup, re-adoption after a restart -
 //! the file API in depth (the guest's init resolves the paths), snapshot
 //! boot, pools of booted VMs and pauses to disk.
 //!
@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::json;
-use warren_api::{EndReason, ErrorCode, ExecRequest, FileKind, FileList, FileStat, SandboxInfo, SandboxState, VmBoot};
+use warren_api::{ErrorCode, ExecRequest, FileKind, FileList, FileStat, SandboxInfo, SandboxState, VmBoot};
 use warren_tests::guest::{self, delete_leaves_nothing, pause_or_resume, require_qemu_and_kernel};
 use warren_tests::*;
 
@@ -192,23 +192,93 @@ async fn file_cases(server: &TestServer, id: &str) {
     assert_eq!(server.get(id).await.state, SandboxState::Running);
 }
 
-/// microVMs are not re-adopted: a paused one ends `node_restarted` on a
-/// restart like a running one, and its QEMU does not outlive the sweep.
+/// A restarted node adopts its microVMs: after a SIGKILL of the server the
+/// guest runs on in the same QEMU and the next server serves it - the
+/// file API, a session's state and a detached process survive. An exec
+/// that flooded the port when the node died is recorded killed and its
+/// process is gone; the new node reads past what the guest still wrote
+/// for the old one (frames cut mid-way included) before it serves.
 #[tokio::test]
-async fn paused_microvm_ends_node_restarted_on_a_restart_and_leaves_no_qemu() {
+async fn a_running_microvm_is_readopted_after_a_crash() {
     require_qemu_and_kernel("microvm");
     let mut server = TestServer::start().await;
     let sb = create_vm(&server, json!({})).await;
-    pause_or_resume(&server, &sb.id, "pause", SandboxState::Paused).await;
+    let id = sb.id.as_str();
     let vm_instance = leaks::vm_instance(&server.instance);
-    assert!(!leaks::instance_processes(&vm_instance).is_empty(), "QEMU runs paused");
+    server.put_file_ok(id, "/work/keep.txt", "survives").await;
+    let session = server.create_session(id, json!({})).await;
+    server.session_exec(id, &session.id, "cd /tmp && export KEPT=yes").await;
+    let sleeper = server.sh_ok(id, "setsid sleep 100000 </dev/null >/dev/null 2>&1 & echo $!").await;
+    let alive = format!("kill -0 {} && echo alive", sleeper.trim());
+    let qemu = leaks::instance_processes(&vm_instance);
+    assert_eq!(qemu.len(), 1, "one QEMU: {qemu:?}");
+    let flood = ExecRequest::argv(["sh", "-c", "while :; do echo flooding-the-port-with-output; done"]);
+    let mut stream = server.exec_open(id, &flood).await;
+    let exec_id = stream.exec_id().await;
+    assert!(stream.next().await.is_some(), "the flood streams");
+
+    server.restart().await;
+    drop(stream);
+
+    let info = server.get(id).await;
+    assert_eq!(info.state, SandboxState::Running, "{info:?}\nlog:\n{}", server.log_tail(30));
+    assert_eq!(leaks::instance_processes(&vm_instance), qemu, "the same QEMU carries on");
+    assert_eq!(server.get_exec(id, &exec_id).await.status, warren_api::ExecStatus::Killed);
+    let ps = server.sh_ok(id, "ps -o args").await;
+    assert!(!ps.contains("flooding"), "the exec reported killed still runs:\n{ps}");
+    assert_eq!(server.sh_ok(id, &alive).await, "alive\n", "the detached process outlives the node");
+    let (status, body) = server.get_file(id, "/work/keep.txt").await;
+    assert_eq!((status, body.as_ref()), (StatusCode::OK, b"survives".as_ref()));
+    let r = server.session_exec(id, &session.id, "echo \"$PWD $KEPT\"").await;
+    assert_eq!(stdout(&r), "/tmp yes\n", "the session's state survived the restart");
+    pause_or_resume(&server, id, "pause", SandboxState::Paused).await;
+    pause_or_resume(&server, id, "resume", SandboxState::Running).await;
+    assert_eq!(server.sh_ok(id, "cat /work/keep.txt").await, "survives");
+
+    // A second restart finds the stream ids moved on again.
+    server.restart().await;
+    assert_eq!(server.sh_ok(id, &alive).await, "alive\n");
+    assert_eq!(leaks::instance_processes(&vm_instance), qemu);
+    server.finish().await;
+}
+
+/// Paused VMs are adopted paused: one stopped in memory keeps its QEMU
+/// (stopped) and resumes on the next exec; one paused to disk has no QEMU
+/// and is loaded back from its file by the next exec. What lived only in
+/// guest memory (a tmpfs file, a detached process) survives both.
+#[tokio::test]
+async fn paused_microvms_are_readopted_paused_in_memory_and_on_disk() {
+    require_qemu_and_kernel("microvm");
+    let mut server = TestServer::start().await;
+    let (in_memory, on_disk) = tokio::join!(create_vm(&server, json!({})), create_vm(&server, json!({})));
+    let vm_instance = leaks::vm_instance(&server.instance);
+    let mut checks = Vec::new();
+    for id in [&in_memory.id, &on_disk.id] {
+        let marker = server.sh_ok(id, "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n' | tee /dev/shm/m").await;
+        let sleeper = server.sh_ok(id, "setsid sleep 100000 </dev/null >/dev/null 2>&1 & echo $!").await;
+        checks.push((
+            format!("cat /dev/shm/m; echo; kill -0 {} && echo alive", sleeper.trim()),
+            format!("{marker}\nalive\n"),
+        ));
+    }
+    pause_or_resume(&server, &in_memory.id, "pause", SandboxState::Paused).await;
+    let path = format!("/v1/sandboxes/{}/pause?to_disk=true", on_disk.id);
+    let (status, body) = server.call(reqwest::Method::POST, &path, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let stopped = leaks::instance_processes(&vm_instance);
+    assert_eq!(stopped.len(), 1, "only the VM paused in memory has a QEMU: {stopped:?}");
 
     server.restart().await;
 
-    let info = server.get(&sb.id).await;
-    assert_eq!((info.state, info.end_reason), (SandboxState::Ended, Some(EndReason::NodeRestarted)), "{info:?}");
-    assert_eq!(leaks::instance_processes(&vm_instance), vec![], "the paused VM's QEMU survives the restart");
-    assert!(leaks::vm_run_entries(&server.data_dir()).is_empty(), "the paused VM's run directory survives");
+    for sb in [&in_memory, &on_disk] {
+        let info = server.get(&sb.id).await;
+        assert_eq!(info.state, SandboxState::Paused, "{info:?}\nlog:\n{}", server.log_tail(30));
+    }
+    assert_eq!(leaks::instance_processes(&vm_instance), stopped, "the stopped QEMU carries on, and no other");
+    for (sb, (check, want)) in [&in_memory, &on_disk].into_iter().zip(&checks) {
+        assert_eq!(&server.sh_ok(&sb.id, check).await, want, "the exec resumes {} as it was", sb.id);
+        assert_eq!(server.get(&sb.id).await.state, SandboxState::Running);
+    }
     server.finish().await;
 }
 

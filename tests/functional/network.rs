@@ -692,7 +692,7 @@ async fn pooled_allowlist(server: &TestServer, backend: warren_api::Backend, pol
 /// and cgroup, so the guest's connections (QEMU's user-mode network makes
 /// them QEMU's own sockets) meet the same veth, NAT, egress programs,
 /// platform resolver and live policy changes as a container's, also after
-/// a pause to disk.
+/// a pause to disk and after a restart of the server, which adopts it.
 #[tokio::test]
 async fn a_microvm_reaches_only_what_its_policy_allows() {
     vm_egress_case(warren_api::Backend::Microvm).await;
@@ -823,7 +823,7 @@ async fn vm_policy_holds(server: &TestServer, id: &str, peer: &Peer, lookup: &st
 async fn vm_egress_case(backend: warren_api::Backend) {
     guest::require_qemu_and_kernel("network");
     let (b, peer, _dir, hosts) = echo_peer_named(|peer| format!("{} mirror.test\n", peer.addr));
-    let (server, objects) = start(b, &["--dns-hosts", hosts.to_str().expect("utf-8 path")]).await;
+    let (mut server, objects) = start(b, &["--dns-hosts", hosts.to_str().expect("utf-8 path")]).await;
     let policy = vm_policy(&peer);
     let (request, lookup, run_dir) = vm_request(&server, backend, policy).await;
     let sb = create_ok(&server, &request).await;
@@ -838,6 +838,17 @@ async fn vm_egress_case(backend: warren_api::Backend) {
     };
     let check = format!("{PROBE} tcp {} 80", peer.addr);
     guest::disk_pause_round(&server, &sb.id, 0, (&mem, &vm_instance), (&check, "tcp OK\necho OK\n")).await;
+
+    // A restarted server adopts the VM with its network: the same veth and
+    // policy, and the namespace (taken from QEMU), which a pause to disk
+    // after the restart starts QEMU in again.
+    server.restart().await;
+    assert_eq!(server.get(&sb.id).await.state, warren_api::SandboxState::Running, "log:\n{}", server.log_tail(30));
+    assert_eq!(objects.veths().len(), 1, "the adopted VM keeps its veth");
+    assert_eq!(probe(&server, &sb.id, &format!("tcp {} 80", peer.addr)).await, "tcp OK\necho OK\n");
+    let refused = probe(&server, &sb.id, &format!("tcp {} 82", peer.addr)).await;
+    assert!(!refused.contains("tcp OK"), "port 82 has no rule after the restart: {refused}");
+    guest::disk_pause_round(&server, &sb.id, 1, (&mem, &vm_instance), (&check, "tcp OK\necho OK\n")).await;
 
     // A live change applies to the guest's next connection.
     let (status, body) = put_network(&server, &sb.id, json!({})).await;

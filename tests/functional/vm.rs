@@ -5,7 +5,8 @@
 //! what only a full OS gives: `systemctl` starts a shipped unit and a
 //! transient one and says they are active, the guest has its own machine
 //! id and the sandbox's resources, and a delete leaves no QEMU, cgroup or
-//! file behind. An image without systemd is refused before any boot. A
+//! file behind; a restarted server adopts it. An image without systemd is
+//! refused before any boot. A
 //! full VM paused to disk comes back with its memory, units and clock, and
 //! one restored from a snapshot runs systemd with its own name and clock.
 //!
@@ -52,11 +53,13 @@ async fn vm_refuses_an_image_without_systemd() {
     server.finish().await;
 }
 
-/// One boot for everything (see the module doc).
+/// One boot for everything (see the module doc), and a restart: a
+/// SIGKILLed server's full VM is adopted by the next server, its QEMU and
+/// a unit started before carrying on.
 #[tokio::test]
 async fn a_full_vm_runs_systemd_units() {
     require_qemu_and_kernel("vm");
-    let server = TestServer::start().await;
+    let mut server = TestServer::start().await;
     import_systemd_image(&server).await;
     let sb = create_vm(&server).await;
     let id = sb.id.as_str();
@@ -66,6 +69,17 @@ async fn a_full_vm_runs_systemd_units() {
     assert_eq!(server.get(id).await.accelerator, Some(accel), "the accelerator stays in the info");
 
     whole_os_cases(&server, id).await;
+
+    server.sh_ok(id, "systemd-run --unit=warren-lasting /bin/sleep 100000").await;
+    let vm_instance = leaks::full_vm_instance(&server.instance);
+    let qemu = leaks::instance_processes(&vm_instance);
+    assert_eq!(qemu.len(), 1, "one QEMU: {qemu:?}");
+    server.restart().await;
+    let info = server.get(id).await;
+    assert_eq!(info.state, SandboxState::Running, "{info:?}\nlog:\n{}", server.log_tail(30));
+    assert_eq!(leaks::instance_processes(&vm_instance), qemu, "the same QEMU carries on");
+    assert_eq!(server.sh_ok(id, "systemctl is-active warren-lasting.service").await, "active\n");
+
     delete_leaves_nothing(warren_api::Backend::Vm, &server, id).await;
     server.finish().await;
 }

@@ -17,7 +17,7 @@ mod rootfs;
 mod run_dir;
 mod snapshot;
 mod spawn;
-mod state;
+pub(crate) mod state;
 mod teardown;
 
 use std::fs;

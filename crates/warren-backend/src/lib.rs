@@ -237,6 +237,15 @@ pub trait Driver: Send + Sync {
     /// Whether the sandbox's init still lives (and answers, for re-adoption).
     async fn probe(&self, handle: &SandboxHandle) -> Liveness;
 
+    /// At a node's start: takes over a sandbox an earlier node process
+    /// left running (`paused`: the node saw it paused, and it stays so),
+    /// then probes it. `Dead` for one that cannot be taken over, which the
+    /// node then destroys.
+    async fn adopt(&self, handle: &SandboxHandle, paused: bool) -> Liveness {
+        let _ = paused;
+        self.probe(handle).await
+    }
+
     /// [`Driver::probe`] as cheaply as the backend can tell whether init
     /// lives: a backend may skip the round trip to init that proves it
     /// answers. For a warm-pool member being claimed (nothing has run in

@@ -49,8 +49,11 @@
 //! An `allowlist` sandbox's QEMU runs in a network namespace of its own
 //! ([`qemu::VmSpec::netns`]) that the node plugs like a container's;
 //! its snapshot is a different one from a guest's without a network device.
-//! Not yet: re-adoption after a node restart (the mux lives in the node
-//! process; a restarted node ends microVMs with `node_restarted`).
+//! A VM outlives the node process: its QEMU is in a process group of its
+//! own and nothing kills it at the node's exit; `vm.json` in its run
+//! directory ([`VmRecord`]) is what a restarted node adopts it by
+//! ([`Driver::adopt`]: the recorded QEMU, a new mux after a resync of the
+//! control port, see [`mux::resync_blocking`]).
 
 mod disks;
 mod initramfs;
@@ -69,14 +72,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use tokio::process::Child;
 use tokio::sync::OnceCell;
 use warren_api::{Backend, Usage, VmBoot};
 use warren_guard::cgroup::{Limits, SandboxCgroup, UNIFIED};
 
 pub use self::qemu::{Accel, AccelChoice, Machine};
-use self::qemu::{ConsoleTail, VmSpec};
+use self::qemu::{QemuProcess, VmSpec};
 use crate::container::channel;
+use crate::container::state::ProcessId;
 use crate::{
     check_id, BackendError, Driver, EventBatch, ExecProcess, ExecSpec, Liveness, PhaseRules, Result, SandboxHandle,
     SandboxSpec, SweepReport,
@@ -250,17 +253,32 @@ struct HandleState {
 
 /// A running VM's host-side parts, owned by the driver.
 struct Running {
-    qemu: Child,
+    qemu: QemuProcess,
     _mux: mux::Mux,
     /// Set before QMP `stop` and cleared after `cont`: while set, the
     /// probe does not ping the guest (a stopped guest cannot answer).
     paused: bool,
+    /// A paused VM adopted from an earlier node process has no mux yet:
+    /// the guest must run to answer the resync, so the resume starts it.
+    mux_at_resume: bool,
     /// How QEMU was started: a restore from disk starts it the same way.
     launch: Launch,
 }
 
+/// What a restarted node needs to adopt a VM (`vm.json` in its directory),
+/// rewritten whenever its QEMU or the mux's first stream changes.
+#[derive(Serialize, Deserialize)]
+struct VmRecord {
+    /// `None` while the VM is paused to disk.
+    qemu: Option<ProcessId>,
+    /// QEMU runs in a network namespace of its own (an `allowlist`
+    /// sandbox): the adopting node takes it from QEMU.
+    net: bool,
+    launch: Launch,
+}
+
 /// What QEMU's command line was made of beyond the driver's config.
-#[derive(Clone)]
+#[derive(Clone, Serialize, Deserialize)]
 struct Launch {
     layer_files: Vec<PathBuf>,
     vcpus: u32,
@@ -277,6 +295,7 @@ struct Launch {
     /// The network namespace QEMU runs in (an `allowlist` sandbox): held
     /// here so that it, and the node's veth in it, outlive a QEMU that a
     /// pause to disk ends.
+    #[serde(skip)]
     netns: Option<Arc<OwnedFd>>,
 }
 
@@ -300,6 +319,13 @@ enum Seen {
 
 /// The guest's state while it is paused to disk.
 const PAUSED_MEM: &str = "paused.mem";
+/// [`PAUSED_MEM`] while it is written: only a complete one is renamed.
+const PAUSED_MEM_PART: &str = "paused.mem.part";
+/// See [`VmRecord`].
+const VM_RECORD: &str = "vm.json";
+/// How long a guest whose node went away has to answer the new node's
+/// resync (see [`mux::resync_blocking`]).
+const RESYNC_WAIT: Duration = Duration::from_secs(10);
 /// Why a microVM refuses protected paths on a guest kernel older than
 /// 6.12 (Debian 12's own 6.1 enforces Landlock ABI 2, and a phase needs 6:
 /// ABI 3 is what stops `truncate(2)` of a read-only file, without which an
@@ -429,13 +455,13 @@ impl MicroVmDriver {
             return Seen::OnDisk;
         }
         match running.get_mut(id) {
-            Some(vm) => Seen::Running { exited: !matches!(vm.qemu.try_wait(), Ok(None)), paused: vm.paused },
+            Some(vm) => Seen::Running { exited: vm.qemu.exited(), paused: vm.paused },
             None => Seen::Absent,
         }
     }
 
     /// The VM spec to start `launch` again in `dir`.
-    fn respawn(&self, id: &str, launch: &Launch, mem: &fs::File) -> Result<Child> {
+    fn respawn(&self, id: &str, launch: &Launch, mem: &fs::File) -> Result<(QemuProcess, qemu::ConsoleTail)> {
         let initramfs = self.initramfs.get().ok_or_else(|| BackendError::Setup("no initramfs yet".into()))?;
         let dir = self.dir(id);
         let (serial_sock, qmp_sock, writable) = (dir.join("port.sock"), self.qmp_sock(id), dir.join("rw.img"));
@@ -468,16 +494,16 @@ impl MicroVmDriver {
     fn restore_from_disk(&self, id: &str, mut launch: Launch) -> Result<Running> {
         let mem_path = self.dir(id).join(PAUSED_MEM);
         let mem = fs::File::open(&mem_path).map_err(|e| BackendError::io(format!("open {}", mem_path.display()), e))?;
-        let mut child = self.respawn(id, &launch, &mem)?;
+        let (mut child, console) = self.respawn(id, &launch, &mem)?;
         drop(mem);
-        let console = ConsoleTail::default();
-        console.follow(&mut child);
         let started = (|| {
-            let pid = child.id().ok_or_else(|| BackendError::Setup("QEMU exited at once".into()))?;
-            self.cgroup(id)?.add_pid(pid as i32).map_err(cgroup_err)?;
+            self.cgroup(id)?.add_pid(child.pid().pid).map_err(cgroup_err)?;
             qmp::wait_incoming(&self.qmp_sock(id), DISK_PAUSE_TIMEOUT)?;
             let mut port = mux::connect_blocking(&self.dir(id).join("port.sock"), Duration::from_secs(10))?;
             qmp::cont(&self.qmp_sock(id))?;
+            // What the guest wrote for the node it had before the pause
+            // comes first on the port.
+            mux::resync_blocking(&mut port, RESYNC_WAIT)?;
             // The guest's clock stood still on disk. Told before the mux
             // takes the port, so no exec sees the old time; a guest that
             // runs again is not failed over its clock.
@@ -489,10 +515,14 @@ impl MicroVmDriver {
         match started {
             Ok(mux) => {
                 let _ = fs::remove_file(&mem_path);
-                Ok(Running { qemu: child, _mux: mux, paused: false, launch })
+                child.keep_running_on_drop();
+                if let Err(e) = self.save_record(id, Some(child.pid()), &launch) {
+                    tracing::warn!(sandbox = %id, "a restarted node will not adopt this VM: {e}");
+                }
+                Ok(Running { qemu: child, _mux: mux, paused: false, mux_at_resume: false, launch })
             }
             Err(e) => {
-                let _ = child.start_kill();
+                child.start_kill();
                 Err(match console.text().trim() {
                     "" => e,
                     tail => BackendError::Setup(format!("{e}; console: {tail}")),
@@ -618,22 +648,19 @@ impl MicroVmDriver {
             writable_by_fd: true,
         };
         let spawned_ms = entered.elapsed().as_millis();
-        let mut child = qemu::spawn(&vm)?;
-        let console = ConsoleTail::default();
-        console.follow(&mut child);
-        let pid = child.id().ok_or_else(|| BackendError::Setup("QEMU exited at once".into()))?;
+        let (mut child, console) = qemu::spawn(&vm)?;
         // Before its vCPUs run the guest: a moment of QEMU's start-up
         // outside the cgroup is the price of not forking through it.
-        cgroup.add_pid(pid as i32).map_err(cgroup_err)?;
+        cgroup.add_pid(child.pid().pid).map_err(cgroup_err)?;
         let ready = self.wait_ready(&mut child, &serial_sock, &self.ctl_sock(&spec.id)).await;
         if qemu::boot_trace() {
             let ready_ms = entered.elapsed().as_millis();
             tracing::info!(sandbox = %spec.id, spawned_ms, ready_ms, console = %console.text(), "boot trace");
         }
         match ready {
-            Ok(mux) => Ok((Running { qemu: child, _mux: mux, paused: false, launch }, accel)),
+            Ok(mux) => Ok((Running { qemu: child, _mux: mux, paused: false, mux_at_resume: false, launch }, accel)),
             Err(e) => {
-                let _ = child.start_kill();
+                child.start_kill();
                 let _ = child.wait().await;
                 let tail = console.text();
                 let tail = tail.trim();
@@ -646,7 +673,7 @@ impl MicroVmDriver {
         }
     }
 
-    async fn wait_ready(&self, child: &mut Child, serial_sock: &Path, ctl_sock: &Path) -> Result<mux::Mux> {
+    async fn wait_ready(&self, child: &mut QemuProcess, serial_sock: &Path, ctl_sock: &Path) -> Result<mux::Mux> {
         wait_ready(child, serial_sock, ctl_sock, boot_deadline(self.config.machine)).await
     }
 
@@ -715,7 +742,7 @@ impl MicroVmDriver {
         self.on_disk().remove(id);
         let running = self.running().remove(id);
         if let Some(mut running) = running {
-            let _ = running.qemu.start_kill();
+            running.qemu.start_kill();
             let _ = running.qemu.wait().await;
         }
         let cgroup = self.cgroup(id)?;
@@ -731,6 +758,90 @@ impl MicroVmDriver {
         })
         .await
         .map_err(|e| BackendError::io("teardown task", std::io::Error::other(e)))?
+    }
+
+    /// Writes the VM's [`VmRecord`] (whole or not at all).
+    fn save_record(&self, id: &str, qemu: Option<ProcessId>, launch: &Launch) -> Result<()> {
+        let record = VmRecord { qemu, net: launch.netns.is_some(), launch: launch.clone() };
+        let bytes = serde_json::to_vec(&record).map_err(|e| BackendError::Protocol(e.to_string()))?;
+        let (tmp, path) = (self.dir(id).join(format!("{VM_RECORD}.tmp")), self.dir(id).join(VM_RECORD));
+        fs::write(&tmp, bytes).map_err(|e| BackendError::io(format!("write {}", tmp.display()), e))?;
+        fs::rename(&tmp, &path).map_err(|e| BackendError::io(format!("rename {}", tmp.display()), e))
+    }
+
+    /// Takes over a VM an earlier node process left running (or paused to
+    /// disk): its QEMU, checked to be the recorded process and in the
+    /// sandbox's cgroup, is watched through a pidfd; a new mux serves the
+    /// control port after a resync (see [`mux::resync_blocking`]) on
+    /// stream ids past every id the guest has seen. `paused` is the
+    /// node's view, which the guest is brought to: a pause or resume the
+    /// earlier node did not finish is finished here one way or the other.
+    async fn take_over(&self, handle: &SandboxHandle, paused: bool) -> Result<()> {
+        let _ = self.state(handle)?;
+        let id = handle.id.as_str();
+        // A resume from disk starts QEMU with the kernel and initramfs.
+        self.initramfs().await?;
+        let dir = self.dir(id);
+        let path = dir.join(VM_RECORD);
+        let bytes = fs::read(&path).map_err(|e| BackendError::io(format!("read {}", path.display()), e))?;
+        let record: VmRecord =
+            serde_json::from_slice(&bytes).map_err(|e| BackendError::Protocol(format!("{}: {e}", path.display())))?;
+        let mut launch = record.launch;
+        launch.first_stream = launch.first_stream.saturating_add(1 << 24);
+        let cgroup = self.cgroup(id)?;
+        if dir.join(PAUSED_MEM).exists() {
+            if !paused {
+                return Err(BackendError::Setup("paused to disk while the node saw it running".into()));
+            }
+            if record.net {
+                // It was held by the earlier node process alone.
+                return Err(BackendError::Setup("its network namespace ended with the node process".into()));
+            }
+            // A QEMU the earlier node had not ended yet after the save.
+            tokio::task::spawn_blocking(move || cgroup.kill_all(Duration::from_secs(5)).map_err(cgroup_err))
+                .await
+                .map_err(|e| BackendError::io("adoption task", std::io::Error::other(e)))??;
+            self.save_record(id, None, &launch)?;
+            self.on_disk().insert(id.to_string(), OnDisk { launch });
+            return Ok(());
+        }
+        let _ = fs::remove_file(dir.join(PAUSED_MEM_PART));
+        let pid = record.qemu.ok_or_else(|| BackendError::Setup("no QEMU recorded".into()))?;
+        if !cgroup.pids("memory").map_err(cgroup_err)?.contains(&pid.pid) {
+            return Err(BackendError::Setup(format!("QEMU (pid {}) is not in the sandbox's cgroup", pid.pid)));
+        }
+        let qemu = QemuProcess::adopt(pid).ok_or_else(|| BackendError::Setup("its QEMU is gone".into()))?;
+        if record.net {
+            let ns = format!("/proc/{}/ns/net", pid.pid);
+            let fd = fs::File::open(&ns).map_err(|e| BackendError::io(format!("open {ns}"), e))?;
+            launch.netns = Some(Arc::new(fd.into()));
+        }
+        let (qmp_sock, port_sock) = (self.qmp_sock(id), dir.join("port.sock"));
+        let port = tokio::task::spawn_blocking(move || {
+            let status = qmp::query_status(&qmp_sock)?;
+            match (status.status.as_str(), paused) {
+                ("running", true) => qmp::stop(&qmp_sock)?,
+                ("paused", false) => qmp::cont(&qmp_sock)?,
+                ("running", false) | ("paused", true) => {}
+                (other, _) => return Err(BackendError::Setup(format!("its QEMU is in state `{other}`"))),
+            }
+            if paused {
+                return Ok(None);
+            }
+            let mut port = mux::connect_blocking(&port_sock, Duration::from_secs(10))?;
+            mux::resync_blocking(&mut port, RESYNC_WAIT)?;
+            Ok(Some(port))
+        })
+        .await
+        .map_err(|e| BackendError::io("adoption task", std::io::Error::other(e)))??;
+        let mux = match port {
+            Some(port) => mux::serve_blocking(port, &self.ctl_sock(id), launch.first_stream)?,
+            None => mux::Mux::detached(),
+        };
+        self.save_record(id, Some(pid), &launch)?;
+        let vm = Running { qemu, _mux: mux, paused, mux_at_resume: paused, launch };
+        self.running().insert(id.to_string(), vm);
+        Ok(())
     }
 
     /// Ids with a run directory or a cgroup.
@@ -791,8 +902,14 @@ impl Driver for MicroVmDriver {
             (Err(e), _) | (_, Err(e)) => Err(e),
         };
         let handle = match booted {
-            Ok((running, accel, boot)) => {
+            Ok((mut running, accel, boot)) => {
+                running.qemu.keep_running_on_drop();
+                let recorded = self.save_record(&spec.id, Some(running.qemu.pid()), &running.launch);
                 self.running().insert(spec.id.clone(), running);
+                if let Err(e) = recorded {
+                    let _ = self.remove(&spec.id).await;
+                    return Err(e);
+                }
                 let state = HandleState { dir, accel, boot: Some(boot) };
                 serde_json::to_value(&state)
                     .map_err(|e| BackendError::Protocol(e.to_string()))
@@ -837,6 +954,16 @@ impl Driver for MicroVmDriver {
     async fn destroy(&self, handle: &SandboxHandle) -> Result<()> {
         check_id(&handle.id)?;
         self.remove(&handle.id).await
+    }
+
+    async fn adopt(&self, handle: &SandboxHandle, paused: bool) -> Liveness {
+        if self.seen(&handle.id) == Seen::Absent {
+            if let Err(e) = self.take_over(handle, paused).await {
+                tracing::warn!(sandbox = %handle.id, "cannot adopt the VM: {e}");
+                return Liveness::Dead { oom: false };
+            }
+        }
+        self.probe(handle).await
     }
 
     /// A live QEMU is all this looks at: no round trip into the guest,
@@ -922,7 +1049,7 @@ impl Driver for MicroVmDriver {
             self.on_disk().insert(id.to_string(), OnDisk { launch: vm.launch.clone() });
             vm
         };
-        let mem_path = self.dir(id).join(PAUSED_MEM);
+        let (mem_path, part_path) = (self.dir(id).join(PAUSED_MEM), self.dir(id).join(PAUSED_MEM_PART));
         let saved = (|| {
             if vm.paused {
                 qmp::cont(&sock)?;
@@ -930,19 +1057,21 @@ impl Driver for MicroVmDriver {
             drop(std::mem::replace(&mut vm._mux, mux::Mux::detached()));
             std::thread::sleep(DISK_PAUSE_QUIESCE);
             qmp::stop(&sock)?;
-            let file = fs::File::create(&mem_path)
-                .map_err(|e| BackendError::io(format!("create {}", mem_path.display()), e))?;
+            let file = fs::File::create(&part_path)
+                .map_err(|e| BackendError::io(format!("create {}", part_path.display()), e))?;
             qmp::migrate_to_file(&sock, &file, DISK_PAUSE_TIMEOUT)?;
-            file.sync_all().map_err(|e| BackendError::io(format!("sync {}", mem_path.display()), e))
+            file.sync_all().map_err(|e| BackendError::io(format!("sync {}", part_path.display()), e))?;
+            // Only a whole stream has the name a restarted node looks for.
+            fs::rename(&part_path, &mem_path)
+                .map_err(|e| BackendError::io(format!("rename {}", part_path.display()), e))
         })();
         match saved {
             Ok(()) => {
-                let _ = vm.qemu.start_kill();
+                vm.qemu.start_kill();
                 // The cgroup's kill reaps nothing; QEMU must be gone before
                 // the resume opens the disk again.
-                let pid = vm.qemu.id();
                 for _ in 0..500 {
-                    if matches!(vm.qemu.try_wait(), Ok(Some(_))) || pid.is_none() {
+                    if vm.qemu.exited() {
                         break;
                     }
                     std::thread::sleep(Duration::from_millis(10));
@@ -951,6 +1080,7 @@ impl Driver for MicroVmDriver {
             }
             Err(e) => {
                 // Back to a running VM with a new mux, as if never paused.
+                let _ = fs::remove_file(&part_path);
                 let _ = fs::remove_file(&mem_path);
                 let back = qmp::cont(&sock).and_then(|()| {
                     mux::start_blocking(
@@ -968,6 +1098,9 @@ impl Driver for MicroVmDriver {
                     vm._mux = mux;
                     vm.launch.first_stream = vm.launch.first_stream.saturating_add(1 << 24);
                     vm.paused = false;
+                    if let Err(e) = self.save_record(id, Some(vm.qemu.pid()), &vm.launch) {
+                        tracing::warn!(sandbox = %id, "a restarted node will not adopt this VM: {e}");
+                    }
                     running.insert(id.to_string(), vm);
                 }
                 Err(e)
@@ -993,17 +1126,33 @@ impl Driver for MicroVmDriver {
             if self.on_disk().remove(&handle.id).is_none() {
                 // Removed while it was restored: the new QEMU goes too.
                 drop(running);
-                let _ = vm.qemu.start_kill();
+                vm.qemu.start_kill();
                 return Err(BackendError::Gone);
             }
             running.insert(handle.id.clone(), vm);
             return Ok(());
         }
-        let paused = self.running().get(&handle.id).map(|vm| vm.paused).ok_or(BackendError::Gone)?;
+        let (paused, mux_at_resume, first_stream) = self
+            .running()
+            .get(&handle.id)
+            .map(|vm| (vm.paused, vm.mux_at_resume, vm.launch.first_stream))
+            .ok_or(BackendError::Gone)?;
         if !paused {
             return Ok(());
         }
         qmp::cont(&self.qmp_sock(&handle.id))?;
+        if mux_at_resume {
+            let mux = mux::start_blocking(
+                &self.dir(&handle.id).join("port.sock"),
+                &self.ctl_sock(&handle.id),
+                RESYNC_WAIT,
+                first_stream,
+            )?;
+            let mut running = self.running();
+            let vm = running.get_mut(&handle.id).ok_or(BackendError::Gone)?;
+            vm._mux = mux;
+            vm.mux_at_resume = false;
+        }
         self.set_paused(&handle.id, false)?;
         Ok(())
     }
@@ -1140,7 +1289,7 @@ fn vcpus(spec: &SandboxSpec) -> u32 {
 }
 
 /// Starts the mux and pings until init answers, QEMU dies or `limit` passes.
-async fn wait_ready(child: &mut Child, serial_sock: &Path, ctl_sock: &Path, limit: Duration) -> Result<mux::Mux> {
+async fn wait_ready(child: &mut QemuProcess, serial_sock: &Path, ctl_sock: &Path, limit: Duration) -> Result<mux::Mux> {
     let deadline = tokio::time::Instant::now() + limit;
     let mux = mux::start(serial_sock, ctl_sock, Duration::from_secs(10)).await?;
     loop {
@@ -1149,8 +1298,7 @@ async fn wait_ready(child: &mut Child, serial_sock: &Path, ctl_sock: &Path, limi
         tokio::select! {
             // Cancel-safe: a ping that ends first leaves the wait to the next round.
             status = child.wait() => {
-                let status = status.map_err(|e| BackendError::io("wait for QEMU", e))?;
-                return Err(BackendError::Setup(format!("QEMU exited during boot ({status})")));
+                return Err(BackendError::Setup(format!("QEMU exited during boot ({})", status?)));
             }
             answered = channel::ping(ctl_sock, patience) => {
                 if answered {
@@ -1222,7 +1370,7 @@ mod tests {
     /// which has no mux: QMP and the control socket are the test's to serve.
     fn fake_vm(driver: &MicroVmDriver, id: &str) -> SandboxHandle {
         fs::create_dir(driver.dir(id)).unwrap();
-        let qemu = tokio::process::Command::new("sleep").arg("1000").kill_on_drop(true).spawn().unwrap();
+        let qemu = QemuProcess::spawned(tokio::process::Command::new("sleep").arg("1000").spawn().unwrap()).unwrap();
         let launch = Launch {
             layer_files: Vec::new(),
             vcpus: 1,
@@ -1234,7 +1382,10 @@ mod tests {
             first_stream: 1,
             netns: None,
         };
-        driver.running().insert(id.into(), Running { qemu, _mux: mux::Mux::detached(), paused: false, launch });
+        driver.running().insert(
+            id.into(),
+            Running { qemu, _mux: mux::Mux::detached(), paused: false, mux_at_resume: false, launch },
+        );
         let state = HandleState { dir: driver.dir(id), accel: Accel::Tcg, boot: None };
         SandboxHandle { id: id.into(), backend: Backend::Microvm, state: serde_json::to_value(state).unwrap() }
     }
@@ -1261,7 +1412,7 @@ mod tests {
         assert_eq!(driver.probe_idle(&vm).await, Liveness::Alive);
         assert_eq!(driver.probe(&vm).await, Liveness::Unresponsive, "the ping finds nobody");
         let mut running = driver.running().remove("quiet").unwrap();
-        running.qemu.start_kill().unwrap();
+        running.qemu.start_kill();
         running.qemu.wait().await.unwrap();
         driver.running().insert("quiet".into(), running);
         assert_eq!(driver.probe_idle(&vm).await, Liveness::Dead { oom: false });

@@ -12,6 +12,13 @@
 //! streams, implicitly, by sending on a new id (ids are never reused while
 //! the VM lives). `Eof` half-closes the sender's direction; a stream is
 //! finished once both directions saw `Eof`.
+//!
+//! Stream [`SYNC_STREAM`] is no connection: the guest echoes every `Data`
+//! frame on it back unchanged. A node that connects to a guest that served
+//! an earlier node (a restarted node, a guest back from disk) may first
+//! read what the guest wrote for that node, possibly from the middle of a
+//! frame; it sends a fresh random token there and skips everything up to
+//! the token's echo, after which the framing is whole again.
 
 use std::io;
 
@@ -21,6 +28,9 @@ pub const HEADER_BYTES: usize = 9;
 /// Largest payload of one mux frame: a long output burst is cut into
 /// chunks so one stream cannot hold the port for long.
 pub const MAX_CHUNK_BYTES: usize = 64 << 10;
+/// The stream whose frames the guest echoes (see the module doc); the
+/// node opens connections from stream 1 on.
+pub const SYNC_STREAM: u32 = 0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]

@@ -1378,7 +1378,8 @@ impl Node {
                 // A paused sandbox is re-adopted paused (the driver probes it without a ping).
                 // A slow init is re-adopted; the reaper ends it if it stays silent.
                 (Some(h), SandboxState::Running | SandboxState::Paused) => {
-                    !matches!(driver.probe(h).await, Liveness::Dead { .. })
+                    let paused = rec.info.state == SandboxState::Paused;
+                    !matches!(driver.adopt(h, paused).await, Liveness::Dead { .. })
                 }
                 _ => false,
             };

@@ -62,11 +62,63 @@ pub async fn start_from(serial_sock: &Path, listen_sock: &Path, wait: Duration, 
     Ok(serve(port, listener, first_stream))
 }
 
-/// As [`start_from`] for a caller that may not wait on the runtime (a
-/// driver's `resume`): connects and binds with blocking calls, then hands
-/// the sockets to the runtime. A stale `listen_sock` is replaced.
+/// As [`start_from`], for a guest that served an earlier mux, and for a
+/// caller that may not wait on the runtime (a driver's `resume`):
+/// connects, resyncs ([`resync_blocking`]) and binds with blocking calls,
+/// then hands the sockets to the runtime. A stale `listen_sock` is
+/// replaced. `first_stream` must be past every id the guest has seen.
 pub fn start_blocking(serial_sock: &Path, listen_sock: &Path, wait: Duration, first_stream: u32) -> Result<Mux> {
-    serve_blocking(connect_blocking(serial_sock, wait)?, listen_sock, first_stream)
+    let mut port = connect_blocking(serial_sock, wait)?;
+    resync_blocking(&mut port, wait)?;
+    serve_blocking(port, listen_sock, first_stream)
+}
+
+/// Skips what a running guest wrote for an earlier node - frames of its
+/// streams, perhaps starting mid-frame - up to the echo of a fresh random
+/// token sent on [`mux::SYNC_STREAM`]; the next byte on `port` starts a
+/// whole frame. Bytes are only consumed up to the echo's end (peeked
+/// first), so nothing of what follows it is lost. Fails if no echo comes
+/// within `wait` (a guest that is stopped, hung, or runs an init without
+/// the sync).
+pub fn resync_blocking(port: &mut std::os::unix::net::UnixStream, wait: Duration) -> Result<()> {
+    use std::io::{Read, Write};
+    let io = |e: std::io::Error| BackendError::io("resync the VM's control port", e);
+    let mut token = [0u8; 16];
+    let mut filled = 0;
+    while filled < token.len() {
+        filled += rustix::rand::getrandom(&mut token[filled..], rustix::rand::GetRandomFlags::empty())
+            .map_err(|e| io(e.into()))?;
+    }
+    let echo = mux::encode(mux::SYNC_STREAM, MuxKind::Data, &token);
+    port.write_all(&echo).map_err(io)?;
+    let deadline = std::time::Instant::now() + wait;
+    // The last bytes consumed, shorter than the echo: it may span reads.
+    let mut seen: Vec<u8> = Vec::with_capacity(2 * echo.len());
+    let mut peeked = vec![0u8; MAX_CHUNK_BYTES];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(BackendError::Setup(format!("the guest did not answer the resync within {wait:?}")));
+        }
+        port.set_read_timeout(Some(left)).map_err(io)?;
+        let n = match rustix::net::recv(&*port, &mut peeked, rustix::net::RecvFlags::PEEK) {
+            Ok((0, _)) => return Err(io(std::io::ErrorKind::UnexpectedEof.into())),
+            Ok((n, _)) => n,
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(io(e.into())),
+        };
+        let before = seen.len();
+        seen.extend_from_slice(&peeked[..n]);
+        let found = seen.windows(echo.len()).position(|w| w == echo.as_slice());
+        let take = found.map_or(n, |at| at + echo.len() - before);
+        port.read_exact(&mut peeked[..take]).map_err(io)?;
+        if found.is_some() {
+            port.set_read_timeout(None).map_err(io)?;
+            return Ok(());
+        }
+        let keep = seen.len().min(echo.len() - 1);
+        seen.drain(..seen.len() - keep);
+    }
 }
 
 /// Connects to QEMU's end of the port, waiting up to `wait` for it.
@@ -297,6 +349,50 @@ mod tests {
         assert_eq!(answer, (FrameKind::Response, b"\"ok\"".to_vec()));
         assert_eq!(fake.join().unwrap(), [7, 8]);
         assert_eq!(next, 9);
+    }
+
+    /// A guest whose earlier node died mid-frame: the new node reads the
+    /// rest of that frame and a whole stale one, then the echo of its
+    /// token - which arrives in two pieces - and the first frame after it
+    /// is read whole, nothing of it consumed by the resync.
+    #[test]
+    fn resync_skips_stale_and_cut_frames_up_to_the_echo_and_no_further() {
+        use std::io::{Read, Write};
+        let (mut host, mut guest) = std::os::unix::net::UnixStream::pair().unwrap();
+        let fake = std::thread::spawn(move || {
+            let cut = mux::encode(5, MuxKind::Data, b"output for the old node");
+            guest.write_all(&cut[7..]).unwrap();
+            guest.write_all(&mux::encode(6, MuxKind::Eof, &[])).unwrap();
+            let mut sync = [0u8; HEADER_BYTES + 16];
+            guest.read_exact(&mut sync).unwrap();
+            let header = mux::parse_header(sync[..HEADER_BYTES].try_into().unwrap()).unwrap();
+            assert_eq!((header.stream, header.kind, header.len), (mux::SYNC_STREAM, MuxKind::Data, 16));
+            guest.write_all(&sync[..HEADER_BYTES + 3]).unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            let mut rest = sync[HEADER_BYTES + 3..].to_vec();
+            rest.extend(mux::encode(1 << 24, MuxKind::Data, b"for the new node"));
+            guest.write_all(&rest).unwrap();
+            guest
+        });
+        resync_blocking(&mut host, Duration::from_secs(30)).unwrap();
+        let mut header = [0u8; HEADER_BYTES];
+        host.read_exact(&mut header).unwrap();
+        let header = mux::parse_header(header).unwrap();
+        let mut payload = vec![0u8; header.len as usize];
+        host.read_exact(&mut payload).unwrap();
+        assert_eq!((header.stream, payload.as_slice()), (1 << 24, b"for the new node".as_slice()));
+        drop(fake.join().unwrap());
+    }
+
+    /// Only the echo of this resync's own token counts: a guest that sends
+    /// anything else (here: a sync frame of its own) is given up on.
+    #[test]
+    fn resync_without_the_echo_of_its_token_fails_in_time() {
+        let (mut host, mut guest) = std::os::unix::net::UnixStream::pair().unwrap();
+        use std::io::Write;
+        guest.write_all(&mux::encode(mux::SYNC_STREAM, MuxKind::Data, &[0u8; 16])).unwrap();
+        let err = resync_blocking(&mut host, Duration::from_millis(200)).unwrap_err();
+        assert!(err.to_string().contains("did not answer the resync"), "{err}");
     }
 
     #[test]

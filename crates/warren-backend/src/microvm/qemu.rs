@@ -23,10 +23,14 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, Command};
 
+use crate::container::state::ProcessId;
 use crate::{BackendError, Result};
 
 /// Bytes of console output kept (what a failed boot printed last).
 const CONSOLE_TAIL_BYTES: usize = 16 << 10;
+/// QEMU serves its console's socket before the guest runs; a QEMU that
+/// has not within this never will.
+const CONSOLE_CONNECT_WAIT: Duration = Duration::from_secs(10);
 /// How long a guest may take to power itself off under KVM in the probe;
 /// under a KVM that cannot run it the guest never gets there.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(6);
@@ -184,21 +188,39 @@ fn machine_args(cmd: &mut Command, machine: Machine, qemu_accel: Accel, memory_m
         .args(["-cpu", if qemu_accel == Accel::Kvm { "host" } else { TCG_CPU }])
         .args(["-m", &memory_mib.to_string(), "-smp", &vcpus.to_string()])
         .args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"])
-        .args(["-chardev", "stdio,id=con,signal=off", "-serial", "chardev:con"])
         .args(["-sandbox", "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"])
         .arg("-chroot")
         .arg(jail)
         .args(["-runas", "nobody"])
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        // A sandbox's QEMU outlives the node process (a restarted node
+        // adopts it); `QemuProcess` kills it when dropped before that.
+        .kill_on_drop(false)
+        // Not in the node's process group: a terminal's Ctrl-C meant for
+        // the node must not end the guests.
+        .process_group(0);
 }
 
-/// Starts QEMU for `spec`. The child is killed when dropped.
-pub fn spawn(spec: &VmSpec<'_>) -> Result<Child> {
+/// The guest's serial console: a socket beside the control port, which
+/// QEMU serves and drops output on while nobody reads it, so a guest's
+/// console never waits for the node (nor fails when a node went away).
+pub fn console_sock(serial_sock: &Path) -> PathBuf {
+    serial_sock.with_file_name("console.sock")
+}
+
+/// Starts QEMU for `spec`, and the tail of its console and error output.
+/// The process is killed when dropped until
+/// [`QemuProcess::keep_running_on_drop`].
+pub fn spawn(spec: &VmSpec<'_>) -> Result<(QemuProcess, ConsoleTail)> {
     let mut cmd = Command::new(spec.qemu);
     machine_args(&mut cmd, spec.machine, spec.accel, spec.memory_mib, spec.vcpus, spec.jail);
+    let console = console_sock(spec.serial_sock);
+    let _ = std::fs::remove_file(&console);
+    cmd.arg("-chardev")
+        .arg(format!("socket,id=con,path={},server=on,wait=off", drive_path(&console)?))
+        .args(["-serial", "chardev:con"]);
     let mut append = format!(
         "{} warren.layers={} warren.hostname={} warren.pids={}",
         base_append(),
@@ -281,7 +303,112 @@ pub fn spawn(spec: &VmSpec<'_>) -> Result<Child> {
         }
     }
     // The handover descriptors are closed once the child has its copies.
-    cmd.spawn().map_err(|e| BackendError::io(format!("start {}", spec.qemu.display()), e))
+    let mut child = cmd.spawn().map_err(|e| BackendError::io(format!("start {}", spec.qemu.display()), e))?;
+    let tail = ConsoleTail::default();
+    tail.follow_stderr(&mut child);
+    let qemu = QemuProcess::spawned(child)?;
+    tail.attach(&console);
+    Ok((qemu, tail))
+}
+
+/// One VM's QEMU: a child of this node process, or one a previous node
+/// process started that this one adopted ([`QemuProcess::adopt`]: not its
+/// child, so watched through a pidfd and reaped by whoever inherited it).
+pub struct QemuProcess {
+    process: Process,
+    pid: ProcessId,
+    kill_on_drop: bool,
+}
+
+enum Process {
+    Child(Child),
+    Adopted(OwnedFd),
+}
+
+/// How long a teardown waits for an adopted QEMU to die of SIGKILL (the
+/// cgroup's kill follows anyway).
+const ADOPTED_EXIT_WAIT: Duration = Duration::from_secs(10);
+
+impl QemuProcess {
+    pub(super) fn spawned(mut child: Child) -> Result<QemuProcess> {
+        let pid = child.id().and_then(|pid| ProcessId::of(pid as i32).ok());
+        match pid {
+            Some(pid) => Ok(QemuProcess { process: Process::Child(child), pid, kill_on_drop: true }),
+            None => {
+                let _ = child.start_kill();
+                Err(BackendError::Setup("QEMU exited at once".into()))
+            }
+        }
+    }
+
+    /// Takes over the QEMU that `pid` names if it still runs (same start
+    /// time); `None` if it is gone. The pidfd is opened before the start
+    /// time is checked again, so it names that process and no successor.
+    pub fn adopt(pid: ProcessId) -> Option<QemuProcess> {
+        let raw = rustix::process::Pid::from_raw(pid.pid)?;
+        let fd = rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()).ok()?;
+        pid.is_running().then_some(QemuProcess { process: Process::Adopted(fd), pid, kill_on_drop: false })
+    }
+
+    pub fn pid(&self) -> ProcessId {
+        self.pid
+    }
+
+    /// The VM is the driver's now: it outlives this handle and the node
+    /// process (a restarted node adopts it).
+    pub fn keep_running_on_drop(&mut self) {
+        self.kill_on_drop = false;
+    }
+
+    pub fn exited(&mut self) -> bool {
+        match &mut self.process {
+            Process::Child(child) => !matches!(child.try_wait(), Ok(None)),
+            Process::Adopted(fd) => pidfd_readable(fd),
+        }
+    }
+
+    /// SIGKILL, without waiting.
+    pub fn start_kill(&mut self) {
+        match &mut self.process {
+            Process::Child(child) => {
+                let _ = child.start_kill();
+            }
+            Process::Adopted(fd) => {
+                let _ = rustix::process::pidfd_send_signal(&*fd, rustix::process::Signal::KILL);
+            }
+        }
+    }
+
+    /// Until QEMU has exited; what its exit status was, where known.
+    pub async fn wait(&mut self) -> Result<String> {
+        match &mut self.process {
+            Process::Child(child) => {
+                child.wait().await.map(|s| s.to_string()).map_err(|e| BackendError::io("wait for QEMU", e))
+            }
+            Process::Adopted(fd) => {
+                let deadline = tokio::time::Instant::now() + ADOPTED_EXIT_WAIT;
+                while !pidfd_readable(fd) && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Ok("exited (adopted: status unknown)".into())
+            }
+        }
+    }
+}
+
+impl Drop for QemuProcess {
+    fn drop(&mut self) {
+        if self.kill_on_drop {
+            self.start_kill();
+        }
+    }
+}
+
+/// A pidfd polls readable once its process has exited.
+fn pidfd_readable(fd: &OwnedFd) -> bool {
+    let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+    let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+    matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
 }
 
 /// `fd` moved to a close-on-exec descriptor at or above [`HANDOVER_MIN_FD`].
@@ -324,13 +451,29 @@ pub async fn probe_kvm(qemu: &Path, machine: Machine, kernel: &Path, initramfs: 
 pub struct ConsoleTail(Arc<Mutex<VecDeque<u8>>>);
 
 impl ConsoleTail {
-    /// Keeps reading `child`'s output until it closes.
-    pub fn follow(&self, child: &mut Child) {
-        let started = std::time::Instant::now();
-        for out in [child.stdout.take().map(boxed), child.stderr.take().map(boxed)].into_iter().flatten() {
+    /// Keeps reading QEMU's own messages until `child` closes its stderr.
+    fn follow_stderr(&self, child: &mut Child) {
+        if let Some(err) = child.stderr.take() {
             let tail = self.clone();
-            tokio::spawn(async move { tail.read_all(out, started).await });
+            let started = std::time::Instant::now();
+            tokio::spawn(async move { tail.read_all(boxed(err), started).await });
         }
+    }
+
+    /// Reads the guest's console at `console_sock` (see [`console_sock`])
+    /// until QEMU closes it, connecting as soon as QEMU serves it (within
+    /// [`CONSOLE_CONNECT_WAIT`]).
+    pub fn attach(&self, console_sock: &Path) {
+        let (tail, path) = (self.clone(), console_sock.to_path_buf());
+        let started = std::time::Instant::now();
+        tokio::spawn(async move {
+            while started.elapsed() < CONSOLE_CONNECT_WAIT {
+                if let Ok(stream) = tokio::net::UnixStream::connect(&path).await {
+                    return tail.read_all(boxed(stream), started).await;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
     }
 
     async fn read_all(&self, mut out: Box<dyn AsyncRead + Send + Unpin>, started: std::time::Instant) {

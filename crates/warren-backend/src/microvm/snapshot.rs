@@ -44,12 +44,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use tokio::process::Child;
 use tokio::task::JoinHandle;
 use warren_guard::cgroup::{Limits, SandboxCgroup};
 use warren_init::proto::{FrameKind, Request, Response};
 
-use super::qemu::{self, Accel, ConsoleTail, Machine, VmSpec};
+use super::qemu::{self, Accel, Machine, QemuProcess, VmSpec};
 use super::{cgroup_err, disks, mux, qmp, Running, QEMU_OVERHEAD_MIB, QEMU_PIDS};
 use crate::container::channel;
 use crate::{BackendError, HostBooks, Result};
@@ -369,7 +368,9 @@ async fn build(dir: &Path, key: &str, template: &Template) -> Result<()> {
     .map_err(|e| BackendError::io("snapshot cleanup task", std::io::Error::other(e)))?;
     let finished = built.and_then(|meta| cleaned.map(|()| meta)).and_then(|meta: Meta| {
         let sockets = Snap::in_dir(&work);
-        for sock in [&sockets.serial_sock, &sockets.qmp_sock, &sockets.ctl_sock] {
+        for sock in
+            [&sockets.serial_sock, &sockets.qmp_sock, &sockets.ctl_sock, &qemu::console_sock(&sockets.serial_sock)]
+        {
             let _ = fs::remove_file(sock);
         }
         let meta = serde_json::to_vec(&meta).map_err(|e| BackendError::Protocol(e.to_string()))?;
@@ -402,13 +403,11 @@ async fn snapshot_template(work: &Path, template: &Template, cgroup: &SandboxCgr
     // The template's network is an empty namespace: nothing in the guest
     // connects before the snapshot, and a clone's QEMU gets its sandbox's.
     let netns = if template.shape.net { Some(super::new_netns()?) } else { None };
-    let mut child = qemu::spawn(&template.spec(&sockets, None, &writable, netns.as_ref().map(AsFd::as_fd))?)?;
+    let (mut child, console) =
+        qemu::spawn(&template.spec(&sockets, None, &writable, netns.as_ref().map(AsFd::as_fd))?)?;
     drop(netns);
-    let console = ConsoleTail::default();
-    console.follow(&mut child);
     let outcome = async {
-        let pid = child.id().ok_or_else(|| BackendError::Setup("QEMU exited at once".into()))?;
-        cgroup.add_pid(pid as i32).map_err(cgroup_err)?;
+        cgroup.add_pid(child.pid().pid).map_err(cgroup_err)?;
         let deadline = super::boot_deadline(template.machine);
         let mux = super::wait_ready(&mut child, &sockets.serial_sock, &sockets.ctl_sock, deadline).await?;
         // The node goes away, as it does across a restore: init drops
@@ -428,7 +427,7 @@ async fn snapshot_template(work: &Path, template: &Template, cgroup: &SandboxCgr
     }
     .await;
     // QEMU wrote its last disk blocks before the migration completed.
-    let _ = child.start_kill();
+    child.start_kill();
     let _ = child.wait().await;
     match outcome {
         Ok(()) => Ok(Meta { sources, shape: template.shape }),
@@ -453,7 +452,7 @@ pub(super) async fn restore(
 ) -> Result<Running> {
     let sockets = Snap::in_dir(dir);
     let writable = dir.join("rw.img");
-    let mut spawned: Option<Child> = None;
+    let mut spawned: Option<QemuProcess> = None;
     let started = std::time::Instant::now();
     let mut phases = [Duration::ZERO; 3];
     let outcome = async {
@@ -462,10 +461,9 @@ pub(super) async fn restore(
         let mem_path = snapshot.join("mem");
         let mem = fs::File::open(&mem_path).map_err(|e| BackendError::io(format!("open {}", mem_path.display()), e))?;
         let spec = template.spec(&sockets, Some(&mem), &writable, netns.as_deref().map(AsFd::as_fd))?;
-        let child = spawned.insert(qemu::spawn(&spec)?);
+        let child = spawned.insert(qemu::spawn(&spec)?.0);
         drop(mem);
-        let pid = child.id().ok_or_else(|| BackendError::Setup("QEMU exited at once".into()))?;
-        cgroup.add_pid(pid as i32).map_err(cgroup_err)?;
+        cgroup.add_pid(child.pid().pid).map_err(cgroup_err)?;
         let qmp_sock = sockets.qmp_sock.clone();
         tokio::task::spawn_blocking(move || qmp::wait_incoming(&qmp_sock, RESTORE_TIMEOUT))
             .await
@@ -506,16 +504,22 @@ pub(super) async fn restore(
                     first_stream: RESTORED_FIRST_STREAM,
                     netns,
                 };
-                Ok(Running { qemu, _mux: mux, paused: false, launch })
+                Ok(Running { qemu, _mux: mux, paused: false, mux_at_resume: false, launch })
             }
             None => Err(BackendError::Setup("no QEMU after a restore".into())),
         },
         Err(e) => {
             if let Some(mut child) = spawned {
-                let _ = child.start_kill();
+                child.start_kill();
                 let _ = child.wait().await;
             }
-            for path in [&writable, &sockets.serial_sock, &sockets.qmp_sock, &sockets.ctl_sock] {
+            for path in [
+                &writable,
+                &sockets.serial_sock,
+                &sockets.qmp_sock,
+                &sockets.ctl_sock,
+                &qemu::console_sock(&sockets.serial_sock),
+            ] {
                 let _ = fs::remove_file(path);
             }
             Err(e)

@@ -53,6 +53,11 @@ pub fn serve(port: OwnedFd, shared: Arc<Shared>) -> ! {
             }
         };
         match header.kind {
+            MuxKind::Data if header.stream == mux::SYNC_STREAM => {
+                // Blocks behind frames for an earlier node still being
+                // written, which is the point: the echo comes after them.
+                let _ = write_port(&writer, mux::SYNC_STREAM, MuxKind::Data, &payload);
+            }
             MuxKind::Data => {
                 let tx = match streams.entry(header.stream) {
                     std::collections::hash_map::Entry::Occupied(tx) => tx.into_mut(),
