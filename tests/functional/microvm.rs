@@ -197,7 +197,8 @@ async fn file_cases(server: &TestServer, id: &str) {
 /// file API, a session's state and a detached process survive. An exec
 /// that flooded the port when the node died is recorded killed and its
 /// process is gone; the new node reads past what the guest still wrote
-/// for the old one (frames cut mid-way included) before it serves.
+/// for the old one (frames cut mid-way included) before it serves. One
+/// whose QEMU died while no server ran ends `node_restarted`.
 #[tokio::test]
 async fn a_running_microvm_is_readopted_after_a_crash() {
     require_qemu_and_kernel("microvm");
@@ -239,6 +240,21 @@ async fn a_running_microvm_is_readopted_after_a_crash() {
     server.restart().await;
     assert_eq!(server.sh_ok(id, &alive).await, "alive\n");
     assert_eq!(leaks::instance_processes(&vm_instance), qemu);
+
+    // A VM whose QEMU died while no server ran ends `node_restarted`, and
+    // nothing of it is left (`finish` checks the run directory and cgroups).
+    server.crash().await;
+    let (pid, _) = qemu[0];
+    // SAFETY: kill(2) of the QEMU this test's server started, by pid.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill QEMU {pid}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !leaks::instance_processes(&vm_instance).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "QEMU {pid} outlives SIGKILL");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.launch().await;
+    let info = server.get(id).await;
+    assert_eq!((info.state, info.end_reason), (SandboxState::Ended, Some(warren_api::EndReason::NodeRestarted)));
     server.finish().await;
 }
 

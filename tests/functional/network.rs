@@ -840,11 +840,18 @@ async fn vm_egress_case(backend: warren_api::Backend) {
     guest::disk_pause_round(&server, &sb.id, 0, (&mem, &vm_instance), (&check, "tcp OK\necho OK\n")).await;
 
     // A restarted server adopts the VM with its network: the same veth and
-    // policy, and the namespace (taken from QEMU), which a pause to disk
-    // after the restart starts QEMU in again.
+    // policy, and the namespace, pinned in the run directory. Adopted
+    // paused to disk (no QEMU held it), running after the restart, and
+    // paused to disk again, QEMU starts in it each time.
+    let path = format!("/v1/sandboxes/{}/pause?to_disk=true", sb.id);
+    let (status, body) = server.call(reqwest::Method::POST, &path, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    server.restart().await;
+    assert_eq!(server.get(&sb.id).await.state, warren_api::SandboxState::Paused, "log:\n{}", server.log_tail(30));
+    assert_eq!(objects.veths().len(), 1, "the adopted VM keeps its veth");
+    assert_eq!(probe(&server, &sb.id, &format!("tcp {} 80", peer.addr)).await, "tcp OK\necho OK\n");
     server.restart().await;
     assert_eq!(server.get(&sb.id).await.state, warren_api::SandboxState::Running, "log:\n{}", server.log_tail(30));
-    assert_eq!(objects.veths().len(), 1, "the adopted VM keeps its veth");
     assert_eq!(probe(&server, &sb.id, &format!("tcp {} 80", peer.addr)).await, "tcp OK\necho OK\n");
     let refused = probe(&server, &sb.id, &format!("tcp {} 82", peer.addr)).await;
     assert!(!refused.contains("tcp OK"), "port 82 has no rule after the restart: {refused}");

@@ -47,7 +47,8 @@
 //! they are refused as unsupported) and are refused on a full VM (its
 //! systemd runs units outside every phase's rules).
 //! An `allowlist` sandbox's QEMU runs in a network namespace of its own
-//! ([`qemu::VmSpec::netns`]) that the node plugs like a container's;
+//! ([`qemu::VmSpec::netns`], pinned on [`NETNS_PIN`]) that the node plugs
+//! like a container's;
 //! its snapshot is a different one from a guest's without a network device.
 //! A VM outlives the node process: its QEMU is in a process group of its
 //! own and nothing kills it at the node's exit; `vm.json` in its run
@@ -242,6 +243,37 @@ fn new_netns() -> Result<OwnedFd> {
     .map_err(|e| BackendError::io("make a network namespace", e))
 }
 
+/// Bind-mounts `ns` on [`NETNS_PIN`] in `dir` (as `ip netns` pins one).
+fn pin_netns(dir: &Path, ns: &OwnedFd) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let target = dir.join(NETNS_PIN);
+    fs::File::create(&target).map_err(|e| BackendError::io(format!("create {}", target.display()), e))?;
+    rustix::mount::mount_bind(format!("/proc/self/fd/{}", ns.as_raw_fd()), &target)
+        .map_err(|e| BackendError::io(format!("pin the network namespace on {}", target.display()), e.into()))
+}
+
+fn open_pinned_netns(dir: &Path) -> Result<OwnedFd> {
+    let pin = dir.join(NETNS_PIN);
+    let ns = fs::File::open(&pin).map_err(|e| BackendError::io(format!("open {}", pin.display()), e))?;
+    // A file left where the mount was is no namespace.
+    match rustix::fs::fstatfs(&ns) {
+        Ok(fs) if fs.f_type == NSFS_MAGIC => Ok(ns.into()),
+        _ => Err(BackendError::Setup(format!("{} holds no network namespace", pin.display()))),
+    }
+}
+
+/// `statfs(2)`'s type of a namespace file.
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+/// Undoes [`pin_netns`] (nothing to do where there is none).
+fn unpin_netns(dir: &Path) -> Result<()> {
+    let target = dir.join(NETNS_PIN);
+    match rustix::mount::unmount(&target, rustix::mount::UnmountFlags::DETACH) {
+        Ok(()) | Err(rustix::io::Errno::NOENT | rustix::io::Errno::INVAL) => Ok(()),
+        Err(e) => Err(BackendError::io(format!("unmount {}", target.display()), e.into())),
+    }
+}
+
 /// What the node persists about a microVM.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct HandleState {
@@ -272,7 +304,7 @@ struct VmRecord {
     /// `None` while the VM is paused to disk.
     qemu: Option<ProcessId>,
     /// QEMU runs in a network namespace of its own (an `allowlist`
-    /// sandbox): the adopting node takes it from QEMU.
+    /// sandbox): the adopting node opens it from [`NETNS_PIN`].
     net: bool,
     launch: Launch,
 }
@@ -323,6 +355,10 @@ const PAUSED_MEM: &str = "paused.mem";
 const PAUSED_MEM_PART: &str = "paused.mem.part";
 /// See [`VmRecord`].
 const VM_RECORD: &str = "vm.json";
+/// An `allowlist` VM's network namespace, bind-mounted in its run
+/// directory: what holds it while no QEMU runs (paused to disk) and no
+/// node process does either (between a node's exit and the next start).
+const NETNS_PIN: &str = "netns";
 /// How long a guest whose node went away has to answer the new node's
 /// resync (see [`mux::resync_blocking`]).
 const RESYNC_WAIT: Duration = Duration::from_secs(10);
@@ -750,6 +786,7 @@ impl MicroVmDriver {
         tokio::task::spawn_blocking(move || {
             cgroup.kill_all(Duration::from_secs(5)).map_err(cgroup_err)?;
             cgroup.remove().map_err(cgroup_err)?;
+            unpin_netns(&dir)?;
             match fs::remove_dir_all(&dir) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -789,13 +826,12 @@ impl MicroVmDriver {
         let mut launch = record.launch;
         launch.first_stream = launch.first_stream.saturating_add(1 << 24);
         let cgroup = self.cgroup(id)?;
+        if record.net {
+            launch.netns = Some(Arc::new(open_pinned_netns(&dir)?));
+        }
         if dir.join(PAUSED_MEM).exists() {
             if !paused {
                 return Err(BackendError::Setup("paused to disk while the node saw it running".into()));
-            }
-            if record.net {
-                // It was held by the earlier node process alone.
-                return Err(BackendError::Setup("its network namespace ended with the node process".into()));
             }
             // A QEMU the earlier node had not ended yet after the save.
             tokio::task::spawn_blocking(move || cgroup.kill_all(Duration::from_secs(5)).map_err(cgroup_err))
@@ -811,11 +847,6 @@ impl MicroVmDriver {
             return Err(BackendError::Setup(format!("QEMU (pid {}) is not in the sandbox's cgroup", pid.pid)));
         }
         let qemu = QemuProcess::adopt(pid).ok_or_else(|| BackendError::Setup("its QEMU is gone".into()))?;
-        if record.net {
-            let ns = format!("/proc/{}/ns/net", pid.pid);
-            let fd = fs::File::open(&ns).map_err(|e| BackendError::io(format!("open {ns}"), e))?;
-            launch.netns = Some(Arc::new(fd.into()));
-        }
         let (qmp_sock, port_sock) = (self.qmp_sock(id), dir.join("port.sock"));
         let port = tokio::task::spawn_blocking(move || {
             let status = qmp::query_status(&qmp_sock)?;
@@ -904,7 +935,12 @@ impl Driver for MicroVmDriver {
         let handle = match booted {
             Ok((mut running, accel, boot)) => {
                 running.qemu.keep_running_on_drop();
-                let recorded = self.save_record(&spec.id, Some(running.qemu.pid()), &running.launch);
+                let pinned = match &running.launch.netns {
+                    Some(ns) => pin_netns(&dir, ns),
+                    None => Ok(()),
+                };
+                let recorded =
+                    pinned.and_then(|()| self.save_record(&spec.id, Some(running.qemu.pid()), &running.launch));
                 self.running().insert(spec.id.clone(), running);
                 if let Err(e) = recorded {
                     let _ = self.remove(&spec.id).await;

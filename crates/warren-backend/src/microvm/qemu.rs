@@ -432,7 +432,9 @@ pub async fn probe_kvm(qemu: &Path, machine: Machine, kernel: &Path, initramfs: 
     }
     let mut cmd = Command::new(qemu);
     machine_args(&mut cmd, machine, Accel::Kvm, 128, 1, jail);
-    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    // A probe given up (its caller dropped) must not spin on: under a KVM
+    // that cannot run the guest it never ends by itself.
+    cmd.stdout(Stdio::null()).stderr(Stdio::null()).kill_on_drop(true);
     cmd.arg("-kernel").arg(kernel).arg("-initrd").arg(initramfs);
     cmd.args(["-append", &format!("{} warren.probe", base_append())]);
     let Ok(mut child) = cmd.spawn() else { return Accel::Tcg };
