@@ -49,7 +49,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use tokio::time::Instant;
 use warren_api::{
     ApiError, Backend, CreateSandboxRequest, CreateSessionRequest, CreateSource, EndReason, ExecFrame, ExecRequest,
@@ -104,6 +104,9 @@ const LIMITS_EVERY_TICKS: u64 = 4;
 /// guest (up to 2 s for one that does not answer), a container's a few
 /// file reads.
 const LIMIT_WATCHERS: usize = 4;
+/// Sandboxes taken over at once when a node starts (a VM's adoption waits
+/// for its guest to answer the control port's resync).
+const ADOPT_CONCURRENCY: usize = 16;
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 #[derive(Debug, Clone)]
@@ -1361,9 +1364,9 @@ impl Node {
 
     /// Re-adopts what survived a restart; everything else ends and is swept.
     async fn recover(&self) -> Result<()> {
-        let mut keep = Vec::new();
+        let mut records = Vec::new();
         for (id, bytes) in self.store().list(Table::Sandboxes, "")? {
-            let mut rec: SandboxRecord = match serde_json::from_slice(&bytes) {
+            let rec: SandboxRecord = match serde_json::from_slice(&bytes) {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!(sandbox = %id, "unreadable record: {e}");
@@ -1374,15 +1377,26 @@ impl Node {
                 continue;
             }
             let driver = self.driver(rec.info.backend)?;
-            let alive = match (&rec.handle, rec.info.state) {
-                // A paused sandbox is re-adopted paused (the driver probes it without a ping).
-                // A slow init is re-adopted; the reaper ends it if it stays silent.
-                (Some(h), SandboxState::Running | SandboxState::Paused) => {
-                    let paused = rec.info.state == SandboxState::Paused;
-                    !matches!(driver.adopt(h, paused).await, Liveness::Dead { .. })
+            records.push((id, rec, driver));
+        }
+        // Adopting a VM waits for its guest to answer: several side by side.
+        let verdicts: Vec<bool> = futures_util::stream::iter(&records)
+            .map(|(_, rec, driver)| async move {
+                match (&rec.handle, rec.info.state) {
+                    // A paused sandbox is re-adopted paused (the driver probes it without a ping).
+                    // A slow init is re-adopted; the reaper ends it if it stays silent.
+                    (Some(h), SandboxState::Running | SandboxState::Paused) => {
+                        let paused = rec.info.state == SandboxState::Paused;
+                        !matches!(driver.adopt(h, paused).await, Liveness::Dead { .. })
+                    }
+                    _ => false,
                 }
-                _ => false,
-            };
+            })
+            .buffered(ADOPT_CONCURRENCY)
+            .collect()
+            .await;
+        let mut keep = Vec::new();
+        for ((id, mut rec, driver), alive) in records.into_iter().zip(verdicts) {
             if alive {
                 let Some(handle) = rec.handle.clone() else { continue };
                 keep.push(handle.id.clone());
