@@ -1287,7 +1287,7 @@ impl Driver for MicroVmDriver {
             return Err(BackendError::Busy("the VM is paused or gone".into()));
         }
         let cgroup = self.cgroup(&handle.id)?;
-        let cpu_time_ns = || cgroup.usage().map(|u| u.cpu_time_ns).map_err(cgroup_err);
+        let cpu_time_ns = || cgroup.cpu_time_ns().map_err(cgroup_err);
         let before = cpu_time_ns()?;
         let reads = || self.limit_reads.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(last) = reads().get(&handle.id) {

@@ -201,9 +201,14 @@ impl SandboxCgroup {
         Ok(CgroupUsage {
             memory_bytes: read_u64(&memory.join("memory.usage_in_bytes"))?,
             memory_peak_bytes: read_u64(&memory.join("memory.max_usage_in_bytes"))?,
-            cpu_time_ns: read_u64(&self.path("cpuacct").join("cpuacct.usage"))?,
+            cpu_time_ns: self.cpu_time_ns()?,
             pids: read_u64(&self.path("pids").join("pids.current"))?,
         })
+    }
+
+    /// CPU time used by the cgroup's processes, in all.
+    pub fn cpu_time_ns(&self) -> Result<u64> {
+        read_u64(&self.path("cpuacct").join("cpuacct.usage"))
     }
 
     /// How many processes the out-of-memory killer has killed in this cgroup.
