@@ -11,8 +11,9 @@
 //! a full disk -> `ENOSPC` inside, more processes than `pids` -> held at
 //! the limit, the sandbox usable after each),
 //! sessions, files (round trip, typed errors, `..` and symlinks that stay
-//! inside), `pack_diff` into an image a new sandbox starts from, phases,
-//! security events, pause and resume, and the typed end reasons
+//! inside), `pack_diff` into an image a new sandbox starts from, phases
+//! (protected paths; a job kept from an earlier phase held to the current
+//! one's by the tamper watch, with a `tamper` event), security events, pause and resume, and the typed end reasons
 //! `idle_timeout`, `lifetime` and `deleted`.
 //!
 //! Where a backend differs by design the difference is asserted, not
@@ -396,12 +397,22 @@ pub async fn phase_cases(subject: &Subject<'_>, id: &str) {
     assert_eq!(body["phase"], "tidy", "{body}");
     assert_no_sleep_left(server, id).await;
 
-    let (status, body) = server.call(Method::PUT, &phase_path, Some(&json!({"name": "grade"}))).await;
+    // A job of `tidy` that reads the answers when asked to, kept into
+    // `grade`: it has `tidy`'s Landlock domain, so only the tamper watch
+    // (the node's for a container, the guest's own for a microVM) holds it
+    // to `grade`'s rules.
+    let reader = "while :; do if [ -e /tmp/go ]; then cat /work/answers/key > /tmp/leak 2>&1; rm /tmp/go; fi; \
+                  sleep 0.05; done";
+    server.sh_ok(id, &format!("({reader}) >/dev/null 2>&1 &")).await;
+    let keep = json!({"name": "grade", "kill_running": false});
+    let (status, body) = server.call(Method::PUT, &phase_path, Some(&keep)).await;
     match subject.backend {
         Backend::Vm => {
             assert_unsupported(subject.backend, status, &body);
             assert_eq!(server.get(id).await.phase.as_deref(), Some("tidy"), "a refused switch changes nothing");
             assert_eq!(server.sh_ok(id, "cat /work/answers/key").await, "secret\n");
+            let (status, body) = server.call(Method::PUT, &phase_path, Some(&json!({"name": "work"}))).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
         }
         _ => {
             assert_eq!(status, StatusCode::OK, "{:?}: {body}", subject.backend);
@@ -414,11 +425,40 @@ pub async fn phase_cases(subject: &Subject<'_>, id: &str) {
                 .await;
             assert_eq!(stdout(&r), "check\ncheck\n", "{r:?}");
             assert_no_way_around_the_rules(subject.backend, server, id).await;
+            let leaked =
+                server.sh_ok(id, "touch /tmp/go; while [ -e /tmp/go ]; do sleep 0.05; done; cat /tmp/leak").await;
+            assert!(
+                leaked.contains("Operation not permitted") && !leaked.contains("secret"),
+                "{:?}: the tamper watch holds the kept job: {leaked}",
+                subject.backend
+            );
+            assert_tamper_event(subject.backend, server, id, "/work/answers/key").await;
             let (status, body) = server.call(Method::PUT, &phase_path, Some(&json!({"name": "work"}))).await;
             assert_eq!(status, StatusCode::OK, "{body}");
             assert_eq!(server.sh_ok(id, "cat /work/answers/key").await, "secret\n");
         }
     }
+    // The default switch ended the kept job.
+    assert_none_left(server, id, "[/]tmp/go").await;
+}
+
+/// Waits (bounded) for a `tamper` event about `path`: a watch answers an
+/// access first and records its refusal right after.
+async fn assert_tamper_event(backend: Backend, server: &TestServer, id: &str, path: &str) {
+    let mut events = Value::Null;
+    for _ in 0..200 {
+        let (status, list) = server.call(Method::GET, &format!("/v1/sandboxes/{id}/events?after_seq=0"), None).await;
+        assert_eq!(status, StatusCode::OK, "{list}");
+        let found = list["events"].as_array().is_some_and(|all| {
+            all.iter().any(|e| e["kind"] == "tamper" && e["detail"].as_str().is_some_and(|d| d.contains(path)))
+        });
+        if found {
+            return;
+        }
+        events = list;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{backend:?}: no tamper event about {path} in {events}");
 }
 
 /// In a phase that hides `/work/answers`, root has none of the ways around
@@ -570,11 +610,18 @@ fn assert_unsupported(backend: Backend, status: StatusCode, body: &Value) {
 /// Bounded: no `sleep 1000` of an exec left in the sandbox. Reads /proc, so
 /// it means the same on busybox and on a full Debian.
 async fn assert_no_sleep_left(server: &TestServer, id: &str) {
-    const COUNT: &str =
-        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 1000 $'; true";
+    assert_none_left(server, id, "^sleep 1000 $").await;
+}
+
+/// Bounded: no process whose command line matches `pattern` (a `grep`
+/// regex that must not match itself) left in the sandbox.
+async fn assert_none_left(server: &TestServer, id: &str, pattern: &str) {
+    let count = format!(
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '{pattern}'; true"
+    );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let r = server.sh(id, COUNT).await;
+        let r = server.sh(id, &count).await;
         // Right after a kill at the pids limit the dying processes still
         // count until init has reaped them: a fork can fail for a moment.
         let reaping = stderr(&r).contains("can't fork");
@@ -584,7 +631,7 @@ async fn assert_no_sleep_left(server: &TestServer, id: &str) {
                 return;
             }
         }
-        assert!(tokio::time::Instant::now() < deadline, "sleeps survive their exec: {r:?}");
+        assert!(tokio::time::Instant::now() < deadline, "`{pattern}` survives its exec: {r:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -7,7 +7,8 @@
 //! directory that later carries eBPF programs), and the reserve a node keeps
 //! back from all its sandboxes together; and the kernel's audit channel
 //! that reports Landlock's refusals (`audit`), and the fanotify permission
-//! events that guard protected paths from outside (`fanotify`).
+//! events that guard protected paths from outside (`fanotify`, and what a
+//! tamper watch marks and refuses with them: `tamper`).
 //!
 //! Invariant: a profile only ever tightens.
 //! Never: executes anything from a sandbox's image.
@@ -19,3 +20,4 @@ pub mod landlock;
 pub mod profile;
 pub mod reserve;
 pub mod seccomp;
+pub mod tamper;

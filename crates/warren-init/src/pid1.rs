@@ -73,7 +73,8 @@ fn settle_fds(self_exe: OwnedFd) -> Result<OwnedFd, InitError> {
 /// so every thread it starts has it blocked too (see `sys::child_exit_fd`).
 fn restrict(self_exe: OwnedFd) -> Result<(OwnedFd, OwnedFd, Arc<EventLog>), InitError> {
     let children = sys::child_exit_fd().step(|| "step 4: signalfd(SIGCHLD)".into())?;
-    let events = seccomp::start()?;
+    let events = Arc::new(EventLog::new(crate::events::CAPACITY));
+    seccomp::start(&events)?;
     Ok((self_exe, children, events))
 }
 

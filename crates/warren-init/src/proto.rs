@@ -308,6 +308,9 @@ pub struct SecurityEvent {
 pub enum SecurityEventKind {
     /// A system call the seccomp profile refuses.
     Seccomp,
+    /// An access to a protected path refused by a VM's tamper watch (a
+    /// process of an earlier phase; see `vm::tamper`).
+    Tamper,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

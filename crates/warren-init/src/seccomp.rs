@@ -27,7 +27,7 @@ use warren_guard::seccomp::{self as profile, Delivery, SANDBOX_PROFILE};
 use warren_init::proto::{SecurityEvent, SecurityEventKind};
 
 use crate::error::{InitError, StepContext};
-use crate::events::{self, EventLog};
+use crate::events::EventLog;
 use crate::sys;
 
 /// The supervisor's stack: it formats a few strings per event.
@@ -55,11 +55,10 @@ pub fn precompile() {
 
 /// Applies the profile to the calling thread (PID 1's only one) and
 /// starts its supervisor. Returns where the events go.
-pub fn start() -> Result<Arc<EventLog>, InitError> {
+pub fn start(events: &Arc<EventLog>) -> Result<(), InitError> {
     let program = program()?;
-    let events = Arc::new(EventLog::new(events::CAPACITY));
     let (hand_over, listener_rx) = mpsc::sync_channel::<OwnedFd>(1);
-    let log = Arc::clone(&events);
+    let log = Arc::clone(events);
     std::thread::Builder::new()
         .name("seccomp".into())
         .stack_size(SUPERVISOR_STACK_BYTES)
@@ -72,7 +71,7 @@ pub fn start() -> Result<Arc<EventLog>, InitError> {
         .step(|| "step 4: start the seccomp supervisor".into())?;
     let listener = sys::install_seccomp_listener(program).step(|| "step 4: seccomp(SET_MODE_FILTER)".into())?;
     hand_over.send(listener).map_err(|_| InitError::Refused("step 4: the seccomp supervisor is gone".into()))?;
-    Ok(events)
+    Ok(())
 }
 
 /// Records and answers refused calls until the listener breaks.

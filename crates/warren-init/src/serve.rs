@@ -25,6 +25,7 @@ use crate::leader::StartError;
 use crate::phase::Phases;
 use crate::reaper::Registry;
 use crate::sys;
+use crate::vm::TamperWatch;
 use rustix::event::{PollFd, PollFlags};
 
 /// Stack of a connection thread: the pump keeps its buffers on the heap.
@@ -44,11 +45,14 @@ const IDLE_CONNECTION: rustix::time::Timespec = rustix::time::Timespec { tv_sec:
 pub(crate) struct Shared {
     exec: Context,
     events: Arc<EventLog>,
+    /// A VM's own tamper watch (a container's is the node's).
+    tamper: Option<TamperWatch>,
 }
 
 impl Shared {
-    pub(crate) fn new(phases: Arc<Phases>, events: Arc<EventLog>) -> Arc<Shared> {
-        Arc::new(Shared { exec: Context { phases }, events })
+    /// `tamper`: a VM's own watch, which every phase switch updates.
+    pub(crate) fn new(phases: Arc<Phases>, events: Arc<EventLog>, tamper: Option<TamperWatch>) -> Arc<Shared> {
+        Arc::new(Shared { exec: Context { phases }, events, tamper })
     }
 }
 
@@ -66,7 +70,7 @@ pub fn run(phases: Arc<Phases>, events: Arc<EventLog>, reaping: Reaping) -> ! {
     if rustix::io::fcntl_setfd(&listener, rustix::io::FdFlags::CLOEXEC).is_err() {
         sys::exit_now(1)
     }
-    let ctx = Shared::new(phases, events);
+    let ctx = Shared::new(phases, events, None);
     // A leader may have ended before the loop began (its SIGCHLD waits in
     // the signalfd, but there is no need to wait for the first poll).
     let mut reaped_all = reaping.registry.reap_exited();
@@ -230,8 +234,15 @@ fn serve_one(ctx: &Shared, mut conn: UnixStream, request: serde_json::Result<Req
         }
         Ok(Request::SetPhase { phase, kill_running }) => {
             let name = phase.name.clone();
-            let answer = match ctx.exec.phases.switch(phase, kill_running) {
-                Ok(killed) => Response::PhaseSet { killed },
+            let answer = match ctx.exec.phases.switch(phase.clone(), kill_running) {
+                Ok(killed) => {
+                    // Before the answer: the switch is done once processes
+                    // kept from earlier phases are held to its rules.
+                    if let Some(watch) = &ctx.tamper {
+                        watch.protect(&phase);
+                    }
+                    Response::PhaseSet { killed }
+                }
                 Err(StartError::Rejected(message)) => Response::PhaseRejected { message },
                 Err(StartError::Io(e)) => Response::Error {
                     message: format!("cannot start phase `{name}`: {e}"),

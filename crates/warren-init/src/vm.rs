@@ -31,10 +31,12 @@ mod identity;
 mod limits;
 mod port;
 mod systemd;
+mod tamper;
 
 pub use identity::identify;
 pub(crate) use limits::counters as limit_counters;
 pub use systemd::{service_main, SERVICE_ARG};
+pub(crate) use tamper::TamperWatch;
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -108,7 +110,7 @@ pub fn run() -> ! {
             eprintln!("warren-init: {e}");
             power_off()
         }
-        Ok(Booted::Serving { phases, events, port }) => port::serve(port, serve::Shared::new(phases, events)),
+        Ok(Booted::Serving { shared, port }) => port::serve(port, shared),
         Err(e) => {
             eprintln!("warren-init: {e}");
             power_off()
@@ -121,8 +123,7 @@ enum Booted {
     /// The root is `/`, ready for the image's systemd.
     Systemd,
     Serving {
-        phases: Arc<Phases>,
-        events: Arc<EventLog>,
+        shared: Arc<serve::Shared>,
         port: OwnedFd,
     },
 }
@@ -178,9 +179,9 @@ fn boot() -> Result<Booted, InitError> {
     // its clock once it is a clone of a snapshot.
     identity::start().step(|| "start the identity thread".into())?;
     trace("root switched");
-    let (phases, events) = start_serving(self_exe, &trace)?;
+    let shared = start_serving(self_exe, &trace)?;
     trace("serving");
-    Ok(Booted::Serving { phases, events, port })
+    Ok(Booted::Serving { shared, port })
 }
 
 fn open_port(port: &Path) -> Result<OwnedFd, InitError> {
@@ -188,11 +189,14 @@ fn open_port(port: &Path) -> Result<OwnedFd, InitError> {
         .step(|| format!("open {}", port.display()))
 }
 
-/// The seccomp profile on this (single-threaded) process, then the reaper
-/// and the first phase's leader: what serving the node needs, as PID 1 of
-/// a microVM or as a full VM's service.
-fn start_serving(self_exe: OwnedFd, trace: &dyn Fn(&str)) -> Result<(Arc<Phases>, Arc<EventLog>), InitError> {
-    let events = seccomp::start()?;
+/// The tamper watch and the seccomp profile on this (single-threaded)
+/// process, then the reaper and the first phase's leader: what serving the
+/// node needs, as PID 1 of a microVM or as a full VM's service.
+fn start_serving(self_exe: OwnedFd, trace: &dyn Fn(&str)) -> Result<Arc<serve::Shared>, InitError> {
+    let events = Arc::new(EventLog::new(crate::events::CAPACITY));
+    // Before the filter, which refuses fanotify to the whole sandbox.
+    let tamper = tamper::TamperWatch::start(Arc::clone(&events));
+    seccomp::start(&events)?;
     trace("seccomp");
     LANDLOCK_OPTIONAL.store(true, std::sync::atomic::Ordering::Relaxed);
     let registry = Registry::start().step(|| "start the reaper".into())?;
@@ -201,7 +205,7 @@ fn start_serving(self_exe: OwnedFd, trace: &dyn Fn(&str)) -> Result<(Arc<Phases>
         StartError::Rejected(message) => InitError::PhaseRejected(message),
         StartError::Io(e) => InitError::Sys { step: "start the phase leader".into(), source: e },
     })?;
-    Ok((Arc::new(phases), events))
+    Ok(serve::Shared::new(Arc::new(phases), events, tamper))
 }
 
 fn mount_kernel_fs(root: &str) -> Result<(), InitError> {

@@ -100,6 +100,7 @@ pub fn observed(e: warren_backend::SecurityEvent) -> crate::events::Observed {
     crate::events::Observed {
         kind: match e.kind {
             warren_backend::SecurityEventKind::Seccomp => warren_api::SecurityEventKind::Seccomp,
+            warren_backend::SecurityEventKind::Tamper => warren_api::SecurityEventKind::Tamper,
         },
         pid: e.pid,
         comm: e.comm,

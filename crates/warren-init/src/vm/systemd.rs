@@ -160,6 +160,5 @@ fn start_service() -> Result<(std::os::fd::OwnedFd, std::sync::Arc<serve::Shared
     // Before the filter, as in a microVM: a guest restored from a snapshot
     // or from disk is told its name and the time.
     super::identity::start().step(|| "start the identity thread".into())?;
-    let (phases, events) = start_serving(self_exe, &|_| {})?;
-    Ok((port_fd, serve::Shared::new(phases, events)))
+    Ok((port_fd, start_serving(self_exe, &|_| {})?))
 }
