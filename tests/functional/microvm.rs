@@ -258,6 +258,33 @@ async fn a_running_microvm_is_readopted_after_a_crash() {
     server.finish().await;
 }
 
+/// A data directory deeper than a unix socket's path may be (107 bytes):
+/// a container and a microVM are made under it, run, pause and resume
+/// (QMP), and are reached again by a restarted server (control port,
+/// console, QMP); nothing is left.
+#[tokio::test]
+async fn sandboxes_work_under_a_data_directory_deeper_than_a_socket_path() {
+    require_qemu_and_kernel("microvm");
+    let deep: std::path::PathBuf = (0..5).map(|i| format!("a-rather-long-directory-name-{i}")).collect();
+    let mut server =
+        TestServer::start_launched(Launch { data_dir: Some(deep.join("data")), ..Launch::default() }).await;
+    assert!(server.data_dir().as_os_str().len() > 150, "{}", server.data_dir().display());
+    let container = server.create(small(json!({}))).await;
+    let vm = create_vm(&server, json!({})).await;
+    for id in [&container.id, &vm.id] {
+        assert_eq!(server.sh_ok(id, "echo hi").await, "hi\n");
+        pause_or_resume(&server, id, "pause", SandboxState::Paused).await;
+        pause_or_resume(&server, id, "resume", SandboxState::Running).await;
+    }
+    server.restart().await;
+    for id in [&container.id, &vm.id] {
+        assert_eq!(server.get(id).await.state, SandboxState::Running, "log:\n{}", server.log_tail(30));
+        assert_eq!(server.sh_ok(id, "echo again").await, "again\n");
+    }
+    delete_leaves_nothing(warren_api::Backend::Microvm, &server, &vm.id).await;
+    server.finish().await;
+}
+
 /// Paused VMs are adopted paused: one stopped in memory keeps its QEMU
 /// (stopped) and resumes on the next exec; one paused to disk has no QEMU
 /// and is loaded back from its file by the next exec. What lived only in

@@ -53,6 +53,8 @@ pub struct TestServer {
     headers: Vec<(String, String)>,
     /// [`Launch::default_landlock_audit`].
     default_landlock_audit: bool,
+    /// [`Launch::data_dir`], below the temp dir.
+    data_dir_name: PathBuf,
 }
 
 /// How a [`TestServer`] is launched beyond the defaults (loopback, the
@@ -75,6 +77,8 @@ pub struct Launch {
     /// SIGKILLed, and the adversarial suite checks the kernel log for audit
     /// records; `tests/security/landlock_audit.rs` covers the default.
     pub default_landlock_audit: bool,
+    /// The data directory, relative to the test's temp dir (default `data`).
+    pub data_dir: Option<PathBuf>,
 }
 
 /// A client sending `headers` (name, value) on every request.
@@ -158,6 +162,7 @@ impl TestServer {
             listen: launch.listen.unwrap_or_else(|| "127.0.0.1:0".into()),
             headers: launch.headers,
             default_landlock_audit: launch.default_landlock_audit,
+            data_dir_name: launch.data_dir.unwrap_or_else(|| PathBuf::from("data")),
         };
         server.launch().await;
         if launch.no_image {
@@ -176,7 +181,7 @@ impl TestServer {
     }
 
     pub fn data_dir(&self) -> PathBuf {
-        self.path().join("data")
+        self.path().join(&self.data_dir_name)
     }
 
     pub fn log_path(&self) -> PathBuf {
@@ -401,7 +406,7 @@ impl Drop for TestServer {
                 let _ = kill_process(pid, Signal::KILL);
             }
         }
-        leaks::force_cleanup(&dir.path().join("data"), &self.instance);
+        leaks::force_cleanup(&dir.path().join(&self.data_dir_name), &self.instance);
         // Mounts a test made beside the data dir (a loop device, an XFS scratch).
         for point in leaks::mounts_under(dir.path()) {
             let _ = unmount(&point, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW);

@@ -15,6 +15,7 @@ pub mod container;
 pub mod files;
 pub mod microvm;
 pub mod remote_files;
+pub mod unix_sock;
 
 use std::path::PathBuf;
 use std::time::Duration;

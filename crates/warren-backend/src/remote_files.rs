@@ -57,7 +57,7 @@ impl RemoteFiles {
     }
 
     fn send(&self, request: &Request) -> Result<UnixStream> {
-        let mut conn = UnixStream::connect(&self.sock).map_err(link_error)?;
+        let mut conn = crate::unix_sock::connect_std(&self.sock).map_err(link_error)?;
         proto::write_json(&mut conn, FrameKind::Request, request).map_err(link_error)?;
         Ok(conn)
     }

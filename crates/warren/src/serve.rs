@@ -347,6 +347,12 @@ fn check_sandboxes_reach(data_dir: &Path) -> Result<()> {
 }
 
 pub async fn start(args: &ServeArgs) -> Result<Running> {
+    // Absolute from here on: a VM's QEMU runs in its sandbox's directory
+    // (see `warren_backend::unix_sock`), and every path it is given must
+    // mean the same there.
+    let data_dir = std::path::absolute(&args.data_dir)
+        .with_context(|| format!("cannot resolve data dir {}", args.data_dir.display()))?;
+    let args = &ServeArgs { data_dir, ..args.clone() };
     let cluster = match args.role {
         Role::Node => Some(NodeRole::from_args(args).await?),
         Role::Embedded => None,

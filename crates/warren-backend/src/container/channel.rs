@@ -65,7 +65,7 @@ async fn send_request(w: &mut (impl AsyncWrite + Unpin), request: &Request) -> i
 
 /// A missing or refusing socket means init is gone.
 async fn connect(sock: &Path) -> Result<UnixStream> {
-    UnixStream::connect(sock).await.map_err(|e| match e.kind() {
+    crate::unix_sock::connect(sock).await.map_err(|e| match e.kind() {
         ErrorKind::NotFound | ErrorKind::ConnectionRefused => BackendError::Gone,
         _ => BackendError::io(format!("connect {}", sock.display()), e),
     })
@@ -114,7 +114,7 @@ pub(crate) async fn events(sock: &Path, after_seq: u64) -> Result<EventBatch> {
 /// for the node's limit watch, which runs off the runtime.
 pub(crate) fn limit_counters_blocking(sock: &Path, timeout: Duration) -> Result<proto::LimitCounters> {
     let link = |e: io::Error| BackendError::io("ask init for its limit counters", e);
-    let mut conn = std::os::unix::net::UnixStream::connect(sock).map_err(link)?;
+    let mut conn = crate::unix_sock::connect_std(sock).map_err(link)?;
     conn.set_read_timeout(Some(timeout)).and_then(|()| conn.set_write_timeout(Some(timeout))).map_err(link)?;
     proto::write_json(&mut conn, FrameKind::Request, &Request::Limits).map_err(link)?;
     match proto::read_frame(&mut conn).map_err(link)? {

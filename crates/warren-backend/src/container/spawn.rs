@@ -7,7 +7,7 @@ use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixListener, UnixStream as StdUnixStream};
+use std::os::unix::net::UnixStream as StdUnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -29,7 +29,8 @@ use crate::{BackendError, Result};
 /// Binds the control listener at `layout.ctl_sock()`, owner-only.
 pub(crate) fn bind_control(layout: &Layout) -> Result<OwnedFd> {
     let path = layout.ctl_sock();
-    let listener = UnixListener::bind(&path).map_err(|e| BackendError::io(format!("bind {}", path.display()), e))?;
+    let listener =
+        crate::unix_sock::bind_std(&path).map_err(|e| BackendError::io(format!("bind {}", path.display()), e))?;
     fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
         .map_err(|e| BackendError::io(format!("chmod {}", path.display()), e))?;
     Ok(OwnedFd::from(listener))

@@ -57,8 +57,8 @@ pub async fn start(serial_sock: &Path, listen_sock: &Path, wait: Duration) -> Re
 /// ids are never reused while a guest lives.
 pub async fn start_from(serial_sock: &Path, listen_sock: &Path, wait: Duration, first_stream: u32) -> Result<Mux> {
     let port = connect_with_retry(serial_sock, wait).await?;
-    let listener =
-        UnixListener::bind(listen_sock).map_err(|e| BackendError::io(format!("bind {}", listen_sock.display()), e))?;
+    let listener = crate::unix_sock::bind(listen_sock)
+        .map_err(|e| BackendError::io(format!("bind {}", listen_sock.display()), e))?;
     Ok(serve(port, listener, first_stream))
 }
 
@@ -125,7 +125,7 @@ pub fn resync_blocking(port: &mut std::os::unix::net::UnixStream, wait: Duration
 pub fn connect_blocking(serial_sock: &Path, wait: Duration) -> Result<std::os::unix::net::UnixStream> {
     let deadline = std::time::Instant::now() + wait;
     loop {
-        match std::os::unix::net::UnixStream::connect(serial_sock) {
+        match crate::unix_sock::connect_std(serial_sock) {
             Ok(stream) => return Ok(stream),
             Err(e) if std::time::Instant::now() >= deadline => {
                 return Err(BackendError::io(format!("connect to QEMU's control port {}", serial_sock.display()), e))
@@ -138,7 +138,7 @@ pub fn connect_blocking(serial_sock: &Path, wait: Duration) -> Result<std::os::u
 /// Serves `listen_sock` over `port` (from [`connect_blocking`]).
 pub fn serve_blocking(port: std::os::unix::net::UnixStream, listen_sock: &Path, first_stream: u32) -> Result<Mux> {
     let _ = std::fs::remove_file(listen_sock);
-    let listener = std::os::unix::net::UnixListener::bind(listen_sock)
+    let listener = crate::unix_sock::bind_std(listen_sock)
         .map_err(|e| BackendError::io(format!("bind {}", listen_sock.display()), e))?;
     let io = |e| BackendError::io("hand the mux's sockets to the runtime", e);
     port.set_nonblocking(true).map_err(io)?;
@@ -230,7 +230,7 @@ fn serve(port: UnixStream, listener: UnixListener, first_stream: u32) -> Mux {
 async fn connect_with_retry(path: &Path, wait: Duration) -> Result<UnixStream> {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        match UnixStream::connect(path).await {
+        match crate::unix_sock::connect(path).await {
             Ok(stream) => return Ok(stream),
             Err(e) if tokio::time::Instant::now() >= deadline => {
                 return Err(BackendError::io(format!("connect to QEMU's control port {}", path.display()), e))

@@ -218,8 +218,17 @@ pub fn spawn(spec: &VmSpec<'_>) -> Result<(QemuProcess, ConsoleTail)> {
     machine_args(&mut cmd, spec.machine, spec.accel, spec.memory_mib, spec.vcpus, spec.jail);
     let console = console_sock(spec.serial_sock);
     let _ = std::fs::remove_file(&console);
+    // QEMU binds its sockets by name before it chroots: started in their
+    // directory, it is given their bare names, which fit `sun_path` however
+    // deep the data directory is (see `unix_sock`).
+    let sock_dir = spec.serial_sock.parent().unwrap_or(Path::new("/"));
+    cmd.current_dir(sock_dir);
+    let sock_name = |sock: &Path| match sock.strip_prefix(sock_dir) {
+        Ok(name) => drive_path(name),
+        Err(_) => drive_path(sock),
+    };
     cmd.arg("-chardev")
-        .arg(format!("socket,id=con,path={},server=on,wait=off", drive_path(&console)?))
+        .arg(format!("socket,id=con,path={},server=on,wait=off", sock_name(&console)?))
         .args(["-serial", "chardev:con"]);
     let mut append = format!(
         "{} warren.layers={} warren.hostname={} warren.pids={}",
@@ -243,10 +252,10 @@ pub fn spawn(spec: &VmSpec<'_>) -> Result<(QemuProcess, ConsoleTail)> {
             .args(["-device", &format!("{},netdev=net0", spec.machine.device("virtio-net"))]);
     }
     cmd.arg("-kernel").arg(spec.kernel).arg("-initrd").arg(spec.initramfs).args(["-append", &append]);
-    cmd.arg("-qmp").arg(format!("unix:{},server=on,wait=off", drive_path(spec.qmp_sock)?));
+    cmd.arg("-qmp").arg(format!("unix:{},server=on,wait=off", sock_name(spec.qmp_sock)?));
     cmd.args(["-device", &format!("{},max_ports=2", spec.machine.device("virtio-serial"))])
         .arg("-chardev")
-        .arg(format!("socket,id=ctl,path={},server=on,wait=off", drive_path(spec.serial_sock)?))
+        .arg(format!("socket,id=ctl,path={},server=on,wait=off", sock_name(spec.serial_sock)?))
         .args(["-device", &format!("virtserialport,chardev=ctl,name={}", warren_init::mux::PORT_NAME)]);
     for (i, layer) in spec.layers.iter().enumerate() {
         cmd.arg("-drive")
@@ -470,7 +479,7 @@ impl ConsoleTail {
         let started = std::time::Instant::now();
         tokio::spawn(async move {
             while started.elapsed() < CONSOLE_CONNECT_WAIT {
-                if let Ok(stream) = tokio::net::UnixStream::connect(&path).await {
+                if let Ok(stream) = crate::unix_sock::connect(&path).await {
                     return tail.read_all(boxed(stream), started).await;
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;

@@ -124,7 +124,7 @@ struct Session {
 impl Session {
     fn open(sock: &Path) -> Result<Session> {
         let io = |what: &str, e: std::io::Error| BackendError::io(format!("QMP {what} on {}", sock.display()), e);
-        let stream = UnixStream::connect(sock).map_err(|e| match e.kind() {
+        let stream = crate::unix_sock::connect_std(sock).map_err(|e| match e.kind() {
             // No QEMU serves the socket: it exited (and the VM with it) or
             // the sandbox's directory was removed. Either way the VM is
             // gone, which callers answer as such rather than as a fault.

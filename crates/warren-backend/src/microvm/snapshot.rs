@@ -554,7 +554,7 @@ async fn identify(ctl_sock: &Path, hostname: &str) -> Result<()> {
     let payload = identify_request(hostname)?;
     loop {
         let attempt = async {
-            let mut stream = tokio::net::UnixStream::connect(ctl_sock).await.ok()?;
+            let mut stream = crate::unix_sock::connect(ctl_sock).await.ok()?;
             channel::write_frame(&mut stream, FrameKind::Request, &payload).await.ok()?;
             channel::read_frame(&mut stream).await.ok()?
         };
