@@ -258,6 +258,45 @@ async fn a_running_microvm_is_readopted_after_a_crash() {
     server.finish().await;
 }
 
+/// Each microVM's QEMU runs as a host uid of its own (not `nobody`), from
+/// the ids just below the containers' ranges, so a QEMU its guest took over
+/// can signal no other sandbox's; a deleted VM's uid is handed out again.
+#[tokio::test]
+async fn each_microvm_runs_its_qemu_as_a_host_uid_of_its_own() {
+    require_qemu_and_kernel("microvm");
+    let server = TestServer::start().await;
+    let vm_instance = leaks::vm_instance(&server.instance);
+    let uid_of = |pid: i32| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("QEMU's status");
+        let ids = |key: &str| -> Vec<u32> {
+            let line = status.lines().find(|l| l.starts_with(key)).expect("a Uid and a Gid line");
+            line.split_whitespace().skip(1).map(|n| n.parse().expect("an id")).collect()
+        };
+        let (uids, gids) = (ids("Uid:"), ids("Gid:"));
+        assert!(uids.iter().chain(&gids).all(|&id| id == uids[0]), "real, effective, saved and fs ids agree: {status}");
+        uids[0]
+    };
+    let qemu_uids = || -> Vec<u32> {
+        let mut uids: Vec<u32> = leaks::instance_processes(&vm_instance).iter().map(|(pid, _)| uid_of(*pid)).collect();
+        uids.sort_unstable();
+        uids
+    };
+    let first = create_vm(&server, json!({})).await;
+    let second = create_vm(&server, json!({})).await;
+    let range = (1u32 << 30) - 65_536..(1 << 30) - 32_768;
+    let both = qemu_uids();
+    assert_eq!(both.len(), 2, "{both:?}");
+    assert_ne!(both[0], both[1], "two QEMUs, two uids");
+    assert!(both.iter().all(|uid| range.contains(uid)), "{both:?} in {range:?} (nobody is 65534)");
+    server.delete(&first.id).await;
+    assert_eq!(qemu_uids().len(), 1, "one QEMU left");
+    let third = create_vm(&server, json!({})).await;
+    assert_eq!(qemu_uids(), both, "the freed uid is the lowest free one again");
+    server.delete(&second.id).await;
+    delete_leaves_nothing(warren_api::Backend::Microvm, &server, &third.id).await;
+    server.finish().await;
+}
+
 /// A data directory deeper than a unix socket's path may be (107 bytes):
 /// a container and a microVM are made under it, run, pause and resume
 /// (QMP), and are reached again by a restarted server (control port,

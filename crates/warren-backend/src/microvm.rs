@@ -80,7 +80,7 @@ use warren_guard::cgroup::{Limits, SandboxCgroup, UNIFIED};
 pub use self::qemu::{Accel, AccelChoice, Machine};
 use self::qemu::{QemuProcess, VmSpec};
 use crate::container::channel;
-use crate::container::state::ProcessId;
+use crate::container::state::{Layout, ProcessId, SlotBook};
 use crate::{
     check_id, BackendError, Driver, EventBatch, ExecProcess, ExecSpec, Liveness, PhaseRules, Result, SandboxHandle,
     SandboxSpec, SweepReport,
@@ -128,7 +128,17 @@ pub struct MicroVmConfig {
     /// restore a snapshot of a booted guest of the same image and shape
     /// (see [`snapshot`]).
     pub snapshots: bool,
+    /// Each sandbox's QEMU runs as a host uid (and gid) of its own,
+    /// `qemu_uid_start + n` for the lowest `n` below [`QEMU_UIDS`] no other
+    /// VM of this driver holds, so that a QEMU taken over by its guest can
+    /// signal no other sandbox's QEMU; `None`: every QEMU runs as `nobody`.
+    /// The probe and snapshot templates run as `nobody` (no agent's code
+    /// has run in them).
+    pub qemu_uid_start: Option<u32>,
 }
+
+/// Host uids a driver hands its QEMUs (see [`MicroVmConfig::qemu_uid_start`]).
+pub const QEMU_UIDS: u32 = 32_768;
 
 impl MicroVmConfig {
     /// Finds QEMU and a Debian cloud kernel with its modules on this host
@@ -164,6 +174,7 @@ impl MicroVmConfig {
             accel,
             machine: Machine::Micro,
             snapshots: false,
+            qemu_uid_start: None,
         })
     }
 
@@ -329,6 +340,9 @@ struct Launch {
     /// pause to disk ends.
     #[serde(skip)]
     netns: Option<Arc<OwnedFd>>,
+    /// The host uid QEMU runs as (`None`: `nobody`).
+    #[serde(default)]
+    qemu_uid: Option<u32>,
 }
 
 /// A VM paused to disk: no QEMU runs; `paused.mem` in its directory holds
@@ -421,6 +435,8 @@ pub struct MicroVmDriver {
     /// Each VM's last limit counters from its guest (see
     /// [`Driver::limit_counters`] here).
     limit_reads: Mutex<HashMap<String, LimitRead>>,
+    /// Which of [`QEMU_UIDS`] each VM's QEMU runs as (its `slot` file).
+    qemu_uids: SlotBook,
 }
 
 /// One answer of a guest's init to the limit counters, and QEMU's CPU
@@ -464,7 +480,9 @@ impl MicroVmDriver {
         config.run_dir = fs::canonicalize(&config.run_dir)
             .map_err(|e| BackendError::io(format!("resolve {}", config.run_dir.display()), e))?;
         let snapshots = snapshot::Snapshots::new(&config.run_dir, &config.init_binary)?;
+        let qemu_uids = SlotBook::numbers(config.run_dir.clone(), QEMU_UIDS);
         Ok(MicroVmDriver {
+            qemu_uids,
             snapshots,
             on_disk: Mutex::new(HashMap::new()),
             moves: Mutex::new(()),
@@ -558,6 +576,7 @@ impl MicroVmDriver {
             incoming: Some(mem),
             netns: launch.netns.as_deref().map(|fd| fd.as_fd()),
             writable_by_fd: true,
+            qemu_uid: launch.qemu_uid,
         })
     }
 
@@ -679,6 +698,7 @@ impl MicroVmDriver {
         dir: &Path,
         cgroup: &SandboxCgroup,
         netns: Option<Arc<OwnedFd>>,
+        qemu_uid: Option<u32>,
     ) -> Result<(Running, Accel)> {
         let entered = std::time::Instant::now();
         let layers = self.layer_files(&spec.layers).await?;
@@ -696,6 +716,7 @@ impl MicroVmDriver {
             accel,
             first_stream: 1,
             netns,
+            qemu_uid,
         };
         let serial_sock = dir.join("port.sock");
         let qmp_sock = self.qmp_sock(&spec.id);
@@ -718,6 +739,7 @@ impl MicroVmDriver {
             netns: launch.netns.as_deref().map(|fd| fd.as_fd()),
             // A pause to disk migrates this QEMU (see `VmSpec`).
             writable_by_fd: true,
+            qemu_uid,
         };
         let spawned_ms = entered.elapsed().as_millis();
         let (mut child, console) = qemu::spawn(&vm)?;
@@ -780,6 +802,7 @@ impl MicroVmDriver {
         dir: &Path,
         cgroup: &SandboxCgroup,
         netns: Option<Arc<OwnedFd>>,
+        qemu_uid: Option<u32>,
     ) -> Result<(Running, Accel, VmBoot)> {
         if self.config.snapshots {
             let template = self.template(spec).await;
@@ -789,8 +812,16 @@ impl MicroVmDriver {
                     self.snapshots.prune();
                     match self.snapshots.ready(&key) {
                         Some(snap) => {
-                            match snapshot::restore(&snap, &template, dir, cgroup, &spec.hostname, netns.clone()).await
-                            {
+                            let restored = snapshot::restore(
+                                &snap,
+                                &template,
+                                dir,
+                                cgroup,
+                                &spec.hostname,
+                                netns.clone(),
+                                qemu_uid,
+                            );
+                            match restored.await {
                                 Ok(running) => return Ok((running, template.accel, VmBoot::Snapshot)),
                                 Err(e) => {
                                     tracing::warn!(sandbox = %spec.id, "snapshot restore failed, booting instead: {e}");
@@ -804,7 +835,7 @@ impl MicroVmDriver {
                 Err(e) => tracing::warn!(sandbox = %spec.id, "no snapshot boot: {e}"),
             }
         }
-        let (running, accel) = self.boot(spec, dir, cgroup, netns).await?;
+        let (running, accel) = self.boot(spec, dir, cgroup, netns, qemu_uid).await?;
         Ok((running, accel, VmBoot::Cold))
     }
 
@@ -820,6 +851,7 @@ impl MicroVmDriver {
         }
         let cgroup = self.cgroup(id)?;
         let dir = self.dir(id);
+        let uid_slot = SlotBook::recorded(&Layout::new(&self.config.run_dir, id));
         tokio::task::spawn_blocking(move || {
             cgroup.kill_all(Duration::from_secs(5)).map_err(cgroup_err)?;
             cgroup.remove().map_err(cgroup_err)?;
@@ -831,7 +863,20 @@ impl MicroVmDriver {
             }
         })
         .await
-        .map_err(|e| BackendError::io("teardown task", std::io::Error::other(e)))?
+        .map_err(|e| BackendError::io("teardown task", std::io::Error::other(e)))??;
+        // Free once nothing of the VM that ran as its uid is left.
+        if let Some(slot) = uid_slot {
+            self.qemu_uids.release(slot);
+        }
+        Ok(())
+    }
+
+    /// The host uid a new VM's QEMU runs as, claimed in its directory
+    /// (see [`MicroVmConfig::qemu_uid_start`]).
+    fn claim_qemu_uid(&self, id: &str) -> Result<Option<u32>> {
+        let Some(start) = self.config.qemu_uid_start else { return Ok(None) };
+        let slot = self.qemu_uids.claim_slot(&Layout::new(&self.config.run_dir, id))?;
+        Ok(Some(start + slot))
     }
 
     /// Writes the VM's [`VmRecord`] (whole or not at all).
@@ -965,9 +1010,9 @@ impl Driver for MicroVmDriver {
             warren_api::NetworkMode::Allowlist => new_netns().map(|ns| Some(Arc::new(ns))),
             _ => Ok(None),
         };
-        let booted = match (cgroup.create(&limits).map_err(cgroup_err), netns) {
-            (Ok(()), Ok(netns)) => self.restore_or_boot(spec, &dir, &cgroup, netns).await,
-            (Err(e), _) | (_, Err(e)) => Err(e),
+        let booted = match (cgroup.create(&limits).map_err(cgroup_err), netns, self.claim_qemu_uid(&spec.id)) {
+            (Ok(()), Ok(netns), Ok(uid)) => self.restore_or_boot(spec, &dir, &cgroup, netns, uid).await,
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => Err(e),
         };
         let handle = match booted {
             Ok((mut running, accel, boot)) => {
@@ -1469,6 +1514,7 @@ mod tests {
             accel: AccelChoice::Force(Accel::Tcg),
             machine: Machine::Micro,
             snapshots: false,
+            qemu_uid_start: None,
         })
         .unwrap()
     }
@@ -1488,6 +1534,7 @@ mod tests {
             accel: Accel::Tcg,
             first_stream: 1,
             netns: None,
+            qemu_uid: None,
         };
         driver.running().insert(
             id.into(),

@@ -37,8 +37,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 4096)]
     pub max_sandboxes: usize,
     /// First host uid of the container sandboxes' uid ranges (65536 ids
-    /// each, one per live sandbox, up to `u32::MAX`). Servers sharing a host
-    /// should get disjoint ranges, so no two sandboxes share host ids.
+    /// each, one per live sandbox, up to `u32::MAX`); the 65536 ids below it
+    /// are the VMs' QEMU uids (one per VM). Servers sharing a host should
+    /// get disjoint ranges, so no two sandboxes share host ids.
     #[arg(long, default_value_t = ContainerConfig::DEFAULT_UID_BASE_START)]
     pub uid_base_start: u32,
     /// Memory (MiB) the running sandboxes may ask for in all (paused ones do
@@ -562,8 +563,11 @@ fn vm_drivers(
     if disabled("microvm") && disabled("vm") {
         return drivers;
     }
+    // Each QEMU runs as a host uid of its own, from just below the
+    // containers' ranges: the microVMs' half, then the full VMs'.
+    let qemu_uids = |half: u32| args.uid_base_start.checked_sub((2 - half) * warren_backend::microvm::QEMU_UIDS);
     let config = MicroVmConfig::discover(args.data_dir.join("vm"), init_binary.to_path_buf(), vm_instance(args))
-        .map(|c| MicroVmConfig { snapshots: args.vm_snapshots == "on", ..c });
+        .map(|c| MicroVmConfig { snapshots: args.vm_snapshots == "on", qemu_uid_start: qemu_uids(0), ..c });
     match config.and_then(MicroVmDriver::new) {
         Ok(driver) if !disabled("microvm") => {
             drivers.insert(warren_api::Backend::Microvm, Arc::new(driver) as Arc<dyn warren_backend::Driver>);
@@ -573,7 +577,7 @@ fn vm_drivers(
     }
     let config =
         MicroVmConfig::discover_full(args.data_dir.join("fullvm"), init_binary.to_path_buf(), full_vm_instance(args))
-            .map(|c| MicroVmConfig { snapshots: args.vm_snapshots == "on", ..c });
+            .map(|c| MicroVmConfig { snapshots: args.vm_snapshots == "on", qemu_uid_start: qemu_uids(1), ..c });
     match config.and_then(MicroVmDriver::new) {
         Ok(driver) if !disabled("vm") => {
             drivers.insert(warren_api::Backend::Vm, Arc::new(driver) as Arc<dyn warren_backend::Driver>);

@@ -156,18 +156,26 @@ impl HandleState {
 pub(crate) struct SlotBook {
     run_dir: PathBuf,
     uid_base_start: u32,
+    capacity: u32,
     /// `None` until the slot files have been read.
     taken: Mutex<Option<BTreeSet<u32>>>,
 }
 
 impl SlotBook {
     pub(crate) fn new(run_dir: PathBuf, uid_base_start: u32) -> SlotBook {
-        SlotBook { run_dir, uid_base_start, taken: Mutex::new(None) }
+        // The last id (u32::MAX) means "no id" to the kernel.
+        let capacity = (u32::MAX - uid_base_start) / IDS_PER_SANDBOX;
+        SlotBook { run_dir, uid_base_start, capacity, taken: Mutex::new(None) }
+    }
+
+    /// A book of `capacity` plain numbers (a VM's QEMU takes one host id,
+    /// not a range): use the slots, not [`SlotBook::uid_base`].
+    pub(crate) fn numbers(run_dir: PathBuf, capacity: u32) -> SlotBook {
+        SlotBook { run_dir, uid_base_start: 0, capacity, taken: Mutex::new(None) }
     }
 
     pub(crate) fn capacity(&self) -> u32 {
-        // The last id (u32::MAX) means "no id" to the kernel.
-        (u32::MAX - self.uid_base_start) / IDS_PER_SANDBOX
+        self.capacity
     }
 
     pub(crate) fn uid_base(&self, slot: u32) -> u32 {

@@ -6,8 +6,9 @@
 //! virtio-serial port for the node (`warren.ctl`), one virtio-blk disk per
 //! layer (read-only, serial `wl<i>`) and the writable disk (serial `wrw`).
 //! QEMU opens the kernel, the initramfs and the disks, then confines itself:
-//! `-chroot` into an empty directory and `-runas nobody` (so it holds no
-//! host path and no capability), under its own seccomp filter (`-sandbox
+//! `-chroot` into an empty directory and `-runas` a host uid of its own
+//! sandbox (`nobody` for the probe and snapshot templates; so it holds no
+//! host path and no capability, and can signal no other sandbox's QEMU), under its own seccomp filter (`-sandbox
 //! on`, denying obsolete calls, spawning and resource control). Its filter
 //! must allow the `setuid` of `-runas` itself (QEMU installs the filter
 //! first); after it no capability is left to regain root with. There is no
@@ -115,6 +116,8 @@ pub struct VmSpec<'a> {
     /// its destination takes it at the start, and QEMU reopens the file to
     /// do so: by path that fails in its chroot, from the fd set it works.
     pub writable_by_fd: bool,
+    /// The host uid (and gid) QEMU drops to; `None`: `nobody`.
+    pub qemu_uid: Option<u32>,
 }
 
 /// The guest's side of QEMU's user-mode network: slirp's defaults, which
@@ -179,7 +182,23 @@ fn host_tsc_khz() -> u64 {
 /// uses its other path.
 const TCG_CPU: &str = "max,cx16=off";
 
-fn machine_args(cmd: &mut Command, machine: Machine, qemu_accel: Accel, memory_mib: u64, vcpus: u32, jail: &Path) {
+/// What every QEMU of the driver is started with.
+struct MachineArgs<'a> {
+    machine: Machine,
+    accel: Accel,
+    memory_mib: u64,
+    vcpus: u32,
+    jail: &'a Path,
+    qemu_uid: Option<u32>,
+}
+
+/// `-runas`'s argument: `uid:gid` (QEMU 7.1 and later), or `nobody`.
+fn runas(qemu_uid: Option<u32>) -> String {
+    qemu_uid.map_or_else(|| "nobody".to_string(), |uid| format!("{uid}:{uid}"))
+}
+
+fn machine_args(cmd: &mut Command, spec: MachineArgs<'_>) {
+    let MachineArgs { machine, accel: qemu_accel, memory_mib, vcpus, jail, qemu_uid } = spec;
     let accel = match qemu_accel {
         Accel::Kvm => "kvm".to_string(),
         Accel::Tcg => format!("tcg,tb-size={TCG_TB_MIB}"),
@@ -191,7 +210,7 @@ fn machine_args(cmd: &mut Command, machine: Machine, qemu_accel: Accel, memory_m
         .args(["-sandbox", "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"])
         .arg("-chroot")
         .arg(jail)
-        .args(["-runas", "nobody"])
+        .args(["-runas", &runas(qemu_uid)])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -215,7 +234,9 @@ pub fn console_sock(serial_sock: &Path) -> PathBuf {
 /// [`QemuProcess::keep_running_on_drop`].
 pub fn spawn(spec: &VmSpec<'_>) -> Result<(QemuProcess, ConsoleTail)> {
     let mut cmd = Command::new(spec.qemu);
-    machine_args(&mut cmd, spec.machine, spec.accel, spec.memory_mib, spec.vcpus, spec.jail);
+    let (machine, accel, memory_mib, vcpus, jail, qemu_uid) =
+        (spec.machine, spec.accel, spec.memory_mib, spec.vcpus, spec.jail, spec.qemu_uid);
+    machine_args(&mut cmd, MachineArgs { machine, accel, memory_mib, vcpus, jail, qemu_uid });
     let console = console_sock(spec.serial_sock);
     let _ = std::fs::remove_file(&console);
     // QEMU binds its sockets by name before it chroots: started in their
@@ -440,7 +461,7 @@ pub async fn probe_kvm(qemu: &Path, machine: Machine, kernel: &Path, initramfs: 
         return Accel::Tcg;
     }
     let mut cmd = Command::new(qemu);
-    machine_args(&mut cmd, machine, Accel::Kvm, 128, 1, jail);
+    machine_args(&mut cmd, MachineArgs { machine, accel: Accel::Kvm, memory_mib: 128, vcpus: 1, jail, qemu_uid: None });
     // A probe given up (its caller dropped) must not spin on: under a KVM
     // that cannot run the guest it never ends by itself.
     cmd.stdout(Stdio::null()).stderr(Stdio::null()).kill_on_drop(true);

@@ -151,6 +151,7 @@ impl Template {
         incoming: Option<&'a fs::File>,
         writable: &'a Path,
         netns: Option<BorrowedFd<'a>>,
+        qemu_uid: Option<u32>,
     ) -> Result<VmSpec<'a>> {
         if self.shape.net != netns.is_some() {
             return Err(BackendError::Setup(format!(
@@ -177,6 +178,7 @@ impl Template {
             incoming,
             netns,
             writable_by_fd: true,
+            qemu_uid,
         })
     }
 
@@ -404,7 +406,7 @@ async fn snapshot_template(work: &Path, template: &Template, cgroup: &SandboxCgr
     // connects before the snapshot, and a clone's QEMU gets its sandbox's.
     let netns = if template.shape.net { Some(super::new_netns()?) } else { None };
     let (mut child, console) =
-        qemu::spawn(&template.spec(&sockets, None, &writable, netns.as_ref().map(AsFd::as_fd))?)?;
+        qemu::spawn(&template.spec(&sockets, None, &writable, netns.as_ref().map(AsFd::as_fd), None)?)?;
     drop(netns);
     let outcome = async {
         cgroup.add_pid(child.pid().pid).map_err(cgroup_err)?;
@@ -449,6 +451,7 @@ pub(super) async fn restore(
     cgroup: &SandboxCgroup,
     hostname: &str,
     netns: Option<Arc<OwnedFd>>,
+    qemu_uid: Option<u32>,
 ) -> Result<Running> {
     let sockets = Snap::in_dir(dir);
     let writable = dir.join("rw.img");
@@ -460,7 +463,7 @@ pub(super) async fn restore(
         phases[0] = started.elapsed();
         let mem_path = snapshot.join("mem");
         let mem = fs::File::open(&mem_path).map_err(|e| BackendError::io(format!("open {}", mem_path.display()), e))?;
-        let spec = template.spec(&sockets, Some(&mem), &writable, netns.as_deref().map(AsFd::as_fd))?;
+        let spec = template.spec(&sockets, Some(&mem), &writable, netns.as_deref().map(AsFd::as_fd), qemu_uid)?;
         let child = spawned.insert(qemu::spawn(&spec)?.0);
         drop(mem);
         cgroup.add_pid(child.pid().pid).map_err(cgroup_err)?;
@@ -503,6 +506,7 @@ pub(super) async fn restore(
                     accel: template.accel,
                     first_stream: RESTORED_FIRST_STREAM,
                     netns,
+                    qemu_uid,
                 };
                 Ok(Running { qemu, _mux: mux, paused: false, mux_at_resume: false, launch })
             }
