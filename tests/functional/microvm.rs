@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::json;
 use warren_api::{ErrorCode, ExecRequest, FileKind, FileList, FileStat, SandboxInfo, SandboxState, VmBoot};
 use warren_tests::guest::{self, delete_leaves_nothing, pause_or_resume, require_qemu_and_kernel};
@@ -255,6 +255,37 @@ async fn a_running_microvm_is_readopted_after_a_crash() {
     server.launch().await;
     let info = server.get(id).await;
     assert_eq!((info.state, info.end_reason), (SandboxState::Ended, Some(warren_api::EndReason::NodeRestarted)));
+    server.finish().await;
+}
+
+/// What root in a guest can try against its own VM: the control port is
+/// init's alone (a second open is refused: virtio-serial ports take one
+/// opener), rebooting or powering off is refused by the seccomp profile
+/// (an event), init cannot be signalled; crashing the guest kernel
+/// (sysrq) ends the sandbox with a typed reason and leaves nothing.
+#[tokio::test]
+async fn root_in_a_guest_cannot_take_the_control_port_and_a_crashed_guest_ends_typed() {
+    require_qemu_and_kernel("microvm");
+    let server = TestServer::start().await;
+    let sb = create_vm(&server, json!({})).await;
+    let r = server
+        .sh(&sb.id, "ls /dev/vport*; for p in /dev/vport*; do head -c 1 $p && echo OPENED $p; done; echo done")
+        .await;
+    assert!(stdout(&r).contains("/dev/vport") && stdout(&r).ends_with("done\n"), "{r:?}");
+    assert!(!stdout(&r).contains("OPENED") && stderr(&r).contains("busy"), "{r:?}");
+    let r = server.sh(&sb.id, "reboot -f; poweroff -f; kill -9 1; echo alive").await;
+    assert_eq!(stdout(&r), "alive\n", "{r:?}");
+    let (status, list) = server.call(Method::GET, &format!("/v1/sandboxes/{}/events?after_seq=0", sb.id), None).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let refused: Vec<&str> =
+        list["events"].as_array().expect("events").iter().filter_map(|e| e["syscall"].as_str()).collect();
+    assert!(refused.contains(&"reboot"), "a reboot event: {list}");
+
+    // The guest's own kernel is the agent's to crash: a typed end, no QEMU left.
+    let _ = server.sh(&sb.id, "echo c > /proc/sysrq-trigger").await;
+    let ended = server.wait_ended(&sb.id, Duration::from_secs(60)).await;
+    assert_eq!(ended.end_reason, Some(warren_api::EndReason::InitDied), "{ended:?}");
+    assert_eq!(leaks::instance_processes(&leaks::vm_instance(&server.instance)), vec![]);
     server.finish().await;
 }
 
