@@ -190,7 +190,7 @@ pub fn access_of(mask: u64, tid: i32) -> (&'static str, Access) {
     if mask & fanotify::OPEN_EXEC_PERM != 0 {
         return ("execve", Access::Open(OpenIntent::Exec));
     }
-    let line = std::fs::read_to_string(format!("/proc/{tid}/syscall")).unwrap_or_default();
+    let line = held_syscall(tid);
     let memory = |addr: u64| {
         let mem = std::fs::File::open(format!("/proc/{tid}/mem")).ok()?;
         let mut bytes = [0u8; 8];
@@ -199,6 +199,26 @@ pub fn access_of(mask: u64, tid: i32) -> (&'static str, Access) {
     };
     let (syscall, intent) = fanotify::open_intent(&line, memory);
     (syscall, Access::Open(intent))
+}
+
+/// How often [`held_syscall`] reads a held thread's call before it gives up.
+const SYSCALL_READS: usize = 50;
+
+/// The held thread's `/proc/TID/syscall` line. The kernel answers
+/// `running` when the thread was woken between its two looks (a thread
+/// held by fanotify wakes whenever the group answers any event, finds its
+/// own unanswered and sleeps again; under a one-vCPU guest a third of the
+/// reads met that), so it is read again until it names a call.
+fn held_syscall(tid: i32) -> String {
+    let mut line = String::new();
+    for attempt in 0..SYSCALL_READS {
+        line = std::fs::read_to_string(format!("/proc/{tid}/syscall")).unwrap_or_default();
+        if !line.starts_with("running") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(50 << attempt.min(6)));
+    }
+    line
 }
 
 /// Whether `level` lets `access` through (an open it cannot decode counts
