@@ -424,6 +424,9 @@ pub async fn phase_cases(subject: &Subject<'_>, id: &str) {
                 .sh(id, "cat /work/tests/t; truncate -s 0 /work/tests/t; echo x >> /work/tests/t; cat /work/tests/t")
                 .await;
             assert_eq!(stdout(&r), "check\ncheck\n", "{r:?}");
+            // The tamper watch judges each of these opens: every one passes.
+            let reads = "n=0; for i in $(seq 30); do cat /work/tests/t >/dev/null || n=$((n+1)); done; echo refused=$n";
+            assert_eq!(server.sh_ok(id, reads).await, "refused=0\n", "{:?}", subject.backend);
             assert_no_way_around_the_rules(subject.backend, server, id).await;
             let leaked =
                 server.sh_ok(id, "touch /tmp/go; while [ -e /tmp/go ]; do sleep 0.05; done; cat /tmp/leak").await;
