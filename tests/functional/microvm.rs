@@ -262,7 +262,8 @@ async fn a_running_microvm_is_readopted_after_a_crash() {
 /// init's alone (a second open is refused: virtio-serial ports take one
 /// opener), rebooting or powering off is refused by the seccomp profile
 /// (an event), init cannot be signalled; crashing the guest kernel
-/// (sysrq) ends the sandbox with a typed reason and leaves nothing.
+/// (sysrq) ends the sandbox with a typed reason, whose message quotes the
+/// guest's console, and leaves nothing.
 #[tokio::test]
 async fn root_in_a_guest_cannot_take_the_control_port_and_a_crashed_guest_ends_typed() {
     require_qemu_and_kernel("microvm");
@@ -285,6 +286,9 @@ async fn root_in_a_guest_cannot_take_the_control_port_and_a_crashed_guest_ends_t
     let _ = server.sh(&sb.id, "echo c > /proc/sysrq-trigger").await;
     let ended = server.wait_ended(&sb.id, Duration::from_secs(60)).await;
     assert_eq!(ended.end_reason, Some(warren_api::EndReason::InitDied), "{ended:?}");
+    // The end message carries the guest kernel's last words.
+    let message = ended.end_message.clone().unwrap_or_default();
+    assert!(message.contains("Kernel panic") && message.contains("sysrq"), "{message}");
     assert_eq!(leaks::instance_processes(&leaks::vm_instance(&server.instance)), vec![]);
     server.finish().await;
 }

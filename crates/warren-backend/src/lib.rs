@@ -272,6 +272,14 @@ pub trait Driver: Send + Sync {
         Err(BackendError::Unsupported(self.backend().as_str(), "limit counters"))
     }
 
+    /// What the driver knows of why a sandbox its probe found dead is gone,
+    /// beyond "its init exited" (a VM: its guest console's last words).
+    /// Asked before the sandbox is torn down; `None` when nothing is known.
+    fn death_detail(&self, handle: &SandboxHandle) -> Option<String> {
+        let _ = handle;
+        None
+    }
+
     /// Security events recorded in the sandbox after sequence number `after_seq`.
     async fn events(&self, handle: &SandboxHandle, after_seq: u64) -> Result<EventBatch> {
         let _ = (handle, after_seq);

@@ -306,6 +306,8 @@ struct Running {
     mux_at_resume: bool,
     /// How QEMU was started: a restore from disk starts it the same way.
     launch: Launch,
+    /// The guest console's tail: a guest that died says why there.
+    console: qemu::ConsoleTail,
 }
 
 /// What a restarted node needs to adopt a VM (`vm.json` in its directory),
@@ -610,7 +612,7 @@ impl MicroVmDriver {
                 if let Err(e) = self.save_record(id, Some(child.pid()), &launch) {
                     tracing::warn!(sandbox = %id, "a restarted node will not adopt this VM: {e}");
                 }
-                Ok(Running { qemu: child, _mux: mux, paused: false, mux_at_resume: false, launch })
+                Ok(Running { qemu: child, _mux: mux, paused: false, mux_at_resume: false, launch, console })
             }
             Err(e) => {
                 child.start_kill();
@@ -752,7 +754,9 @@ impl MicroVmDriver {
             tracing::info!(sandbox = %spec.id, spawned_ms, ready_ms, console = %console.text(), "boot trace");
         }
         match ready {
-            Ok(mux) => Ok((Running { qemu: child, _mux: mux, paused: false, mux_at_resume: false, launch }, accel)),
+            Ok(mux) => {
+                Ok((Running { qemu: child, _mux: mux, paused: false, mux_at_resume: false, launch, console }, accel))
+            }
             Err(e) => {
                 child.start_kill();
                 let _ = child.wait().await;
@@ -952,7 +956,10 @@ impl MicroVmDriver {
             None => mux::Mux::detached(),
         };
         self.save_record(id, Some(pid), &launch)?;
-        let vm = Running { qemu, _mux: mux, paused, mux_at_resume: paused, launch };
+        // The old node's reader went with it; QEMU serves the next one.
+        let console = qemu::ConsoleTail::default();
+        console.attach(&qemu::console_sock(&self.dir(id).join("port.sock")));
+        let vm = Running { qemu, _mux: mux, paused, mux_at_resume: paused, launch, console };
         self.running().insert(id.to_string(), vm);
         Ok(())
     }
@@ -1119,6 +1126,11 @@ impl Driver for MicroVmDriver {
         }
         let oom = self.cgroup(&handle.id).and_then(|cg| cg.oom_kills().map_err(cgroup_err)).is_ok_and(|n| n > 0);
         Liveness::Dead { oom }
+    }
+
+    fn death_detail(&self, handle: &SandboxHandle) -> Option<String> {
+        let running = self.running();
+        last_words(&running.get(&handle.id)?.console.text())
     }
 
     /// QMP `stop`: the vCPUs stop where they are, the guest's clocks with
@@ -1412,6 +1424,30 @@ impl Driver for MicroVmDriver {
     }
 }
 
+/// What a guest that died said on its console, for its end message: the
+/// last line naming a cause (a kernel panic, oops or BUG, an out-of-memory
+/// kill, warren-init's own last message), then its last line, each cut to
+/// [`LAST_WORDS`] bytes.
+fn last_words(console: &str) -> Option<String> {
+    const CAUSES: [&str; 5] = ["Kernel panic", "BUG:", "Oops", "Out of memory", "warren-init:"];
+    let lines: Vec<&str> = console.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let cut = |line: &str| match line.char_indices().nth(LAST_WORDS) {
+        Some((at, _)) => format!("{}...", &line[..at]),
+        None => line.to_string(),
+    };
+    let last = lines.last()?;
+    let cause = lines.iter().rev().find(|l| CAUSES.iter().any(|c| l.contains(c)));
+    Some(match cause {
+        Some(cause) if cause != last => {
+            format!("the guest's console said: {}; its last line: {}", cut(cause), cut(last))
+        }
+        _ => format!("the guest's console ended with: {}", cut(last)),
+    })
+}
+
+/// See [`last_words`].
+const LAST_WORDS: usize = 200;
+
 fn boot_deadline(machine: Machine) -> Duration {
     match machine {
         Machine::Micro => BOOT_DEADLINE,
@@ -1480,6 +1516,23 @@ mod tests {
     /// last limit read is quiet; one that worked, or whose read is older
     /// than the cap, is asked again.
     #[test]
+    fn a_dead_guests_last_words_name_the_cause_and_the_last_line() {
+        assert_eq!(last_words(" \n\n"), None);
+        let panic = "[ 1.0] booting\n[ 3.2] Kernel panic - not syncing: sysrq triggered crash\n[ 3.3] RIP: 0033\n\n";
+        assert_eq!(
+            last_words(panic).as_deref(),
+            Some(
+                "the guest's console said: [ 3.2] Kernel panic - not syncing: sysrq triggered crash; \
+                 its last line: [ 3.3] RIP: 0033"
+            )
+        );
+        assert_eq!(last_words("a\nb\n").as_deref(), Some("the guest's console ended with: b"));
+        let long = format!("warren-init: {}", "x".repeat(2 * LAST_WORDS));
+        let said = last_words(&long).unwrap_or_default();
+        assert!(said.ends_with("...") && said.len() < LAST_WORDS + 64, "{said}");
+    }
+
+    #[test]
     fn a_quiet_guest_keeps_its_last_limit_read_for_a_while() {
         let at = std::time::Instant::now();
         let last = LimitRead { counters: crate::LimitCounters::default(), cpu_time_ns: 1_000_000_000, at };
@@ -1538,7 +1591,14 @@ mod tests {
         };
         driver.running().insert(
             id.into(),
-            Running { qemu, _mux: mux::Mux::detached(), paused: false, mux_at_resume: false, launch },
+            Running {
+                qemu,
+                _mux: mux::Mux::detached(),
+                paused: false,
+                mux_at_resume: false,
+                launch,
+                console: qemu::ConsoleTail::default(),
+            },
         );
         let state = HandleState { dir: driver.dir(id), accel: Accel::Tcg, boot: None };
         SandboxHandle { id: id.into(), backend: Backend::Microvm, state: serde_json::to_value(state).unwrap() }

@@ -1325,7 +1325,13 @@ impl Node {
             Err(_) => None,
         };
         live.probing.store(false, Ordering::SeqCst);
-        let Some((reason, msg)) = verdict else { return };
+        let Some((reason, mut msg)) = verdict else { return };
+        if reason == EndReason::InitDied {
+            // Before the teardown, which takes what the driver knew with it.
+            if let (Some(m), Some(detail)) = (msg.as_mut(), live.driver.death_detail(&live.handle)) {
+                m.push_str(&format!("; {detail}"));
+            }
+        }
         // Ended meanwhile (deleted, or by the reaper's clock): its probe
         // saw the teardown, not a death.
         let still_live = self.live_map().get(&live.id).is_some_and(|l| Arc::ptr_eq(l, &live));

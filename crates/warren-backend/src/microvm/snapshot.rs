@@ -456,6 +456,7 @@ pub(super) async fn restore(
     let sockets = Snap::in_dir(dir);
     let writable = dir.join("rw.img");
     let mut spawned: Option<QemuProcess> = None;
+    let mut console: Option<qemu::ConsoleTail> = None;
     let started = std::time::Instant::now();
     let mut phases = [Duration::ZERO; 3];
     let outcome = async {
@@ -464,7 +465,9 @@ pub(super) async fn restore(
         let mem_path = snapshot.join("mem");
         let mem = fs::File::open(&mem_path).map_err(|e| BackendError::io(format!("open {}", mem_path.display()), e))?;
         let spec = template.spec(&sockets, Some(&mem), &writable, netns.as_deref().map(AsFd::as_fd), qemu_uid)?;
-        let child = spawned.insert(qemu::spawn(&spec)?.0);
+        let (child, tail) = qemu::spawn(&spec)?;
+        console = Some(tail);
+        let child = spawned.insert(child);
         drop(mem);
         cgroup.add_pid(child.pid().pid).map_err(cgroup_err)?;
         let qmp_sock = sockets.qmp_sock.clone();
@@ -508,7 +511,8 @@ pub(super) async fn restore(
                     netns,
                     qemu_uid,
                 };
-                Ok(Running { qemu, _mux: mux, paused: false, mux_at_resume: false, launch })
+                let console = console.unwrap_or_default();
+                Ok(Running { qemu, _mux: mux, paused: false, mux_at_resume: false, launch, console })
             }
             None => Err(BackendError::Setup("no QEMU after a restore".into())),
         },
