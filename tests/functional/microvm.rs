@@ -258,6 +258,24 @@ async fn a_running_microvm_is_readopted_after_a_crash() {
     server.finish().await;
 }
 
+/// Sizes beyond the host: guest memory QEMU could not allocate is a 400
+/// naming `memory_mib` (not a failed boot), and more CPUs than the host has
+/// make as many vCPUs as it has (64 TCG vCPUs on a small host would not
+/// boot within the create deadline).
+#[tokio::test]
+async fn vm_sizes_beyond_the_host_are_refused_or_fitted() {
+    require_qemu_and_kernel("microvm");
+    let server = TestServer::start().await;
+    let huge = small(json!({"backend": "microvm", "memory_mib": 1_048_576}));
+    let (status, body) = server.try_create(&huge).await;
+    assert_api_error(status, &body, ErrorCode::InvalidRequest, Some("memory_mib"));
+    let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let sb = create_vm(&server, json!({"cpus": 64.0})).await;
+    let seen = server.sh_ok(&sb.id, "grep -c ^processor /proc/cpuinfo").await;
+    assert_eq!(seen.trim(), host_cpus.min(64).to_string(), "vCPUs");
+    server.finish().await;
+}
+
 /// What root in a guest can try against its own VM: the control port is
 /// init's alone (a second open is refused: virtio-serial ports take one
 /// opener), rebooting or powering off is refused by the seccomp profile

@@ -61,6 +61,11 @@ pub enum BackendError {
     /// ranges); the same request may succeed later or on another node.
     #[error("the node is out of room: {0}")]
     Exhausted(String),
+    /// The request asks for what this backend on this host cannot give
+    /// (e.g. a VM's guest memory beyond the host's): `field` names the
+    /// request's field.
+    #[error("{message}")]
+    Invalid { field: &'static str, message: String },
 }
 
 impl BackendError {

@@ -76,6 +76,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 use warren_api::{Backend, Usage, VmBoot};
 use warren_guard::cgroup::{Limits, SandboxCgroup, UNIFIED};
+use warren_guard::reserve::HostTotals;
 
 pub use self::qemu::{Accel, AccelChoice, Machine};
 use self::qemu::{QemuProcess, VmSpec};
@@ -107,7 +108,8 @@ const BOOT_PING_PATIENCE: Duration = Duration::from_secs(5);
 pub const QEMU_OVERHEAD_MIB: u64 = 256;
 /// Below this the cloud kernel does not boot.
 pub const MIN_MEMORY_MIB: u64 = 128;
-/// QEMU's threads (vCPUs, I/O, RCU); nothing in the guest counts here.
+/// QEMU's threads beside one per vCPU (I/O workers, RCU, the main loop);
+/// nothing in the guest counts here.
 const QEMU_PIDS: u32 = 64;
 
 #[derive(Debug, Clone)]
@@ -996,6 +998,14 @@ impl Driver for MicroVmDriver {
         if spec.resources.memory_mib < MIN_MEMORY_MIB {
             return Err(BackendError::Unsupported(backend, "memory below 128 MiB"));
         }
+        // QEMU allocates the guest's memory: more than the host has fails
+        // its start (and a cgroup limit above it means nothing).
+        let host_mib = HostTotals::read().map_err(cgroup_err)?.memory_bytes >> 20;
+        let most = host_mib.saturating_sub(QEMU_OVERHEAD_MIB);
+        if spec.resources.memory_mib > most {
+            let message = format!("a {backend} guest's memory must fit this host: at most {most} MiB here");
+            return Err(BackendError::Invalid { field: "memory_mib", message });
+        }
         if self.config.machine == Machine::Q35 && !has_systemd(&spec.layers) {
             return Err(BackendError::Unsupported(backend, "images without systemd (/lib/systemd/systemd)"));
         }
@@ -1011,7 +1021,7 @@ impl Driver for MicroVmDriver {
         let limits = Limits {
             memory_bytes: spec.resources.memory_mib.saturating_add(QEMU_OVERHEAD_MIB).saturating_mul(1 << 20),
             cpus: spec.resources.cpus,
-            pids: QEMU_PIDS,
+            pids: QEMU_PIDS + vcpus(spec),
         };
         let netns = match spec.network {
             warren_api::NetworkMode::Allowlist => new_netns().map(|ns| Some(Arc::new(ns))),
@@ -1455,9 +1465,15 @@ fn boot_deadline(machine: Machine) -> Duration {
     }
 }
 
-/// vCPUs for the sandbox's CPU share.
+/// vCPUs for the sandbox's CPU share: one per CPU (rounded up), at most
+/// the host's CPUs. More would only slow the guest (a TCG guest with 64
+/// vCPUs on two cores did not boot within the create deadline); the CPU
+/// quota of QEMU's cgroup stays what `cpus` says.
 fn vcpus(spec: &SandboxSpec) -> u32 {
-    (spec.resources.cpus.ceil() as u32).max(1)
+    static HOST_CPUS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let host = *HOST_CPUS
+        .get_or_init(|| std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX)));
+    (spec.resources.cpus.ceil() as u32).clamp(1, host.max(1))
 }
 
 /// Starts the mux and pings until init answers, QEMU dies or `limit` passes.

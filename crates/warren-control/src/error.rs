@@ -52,6 +52,7 @@ fn to_api(e: NodeError) -> ApiError {
         NodeError::Backend(BackendError::Unsupported(..)) => ApiError::new(ErrorCode::Unsupported, msg),
         NodeError::Backend(BackendError::Busy(_)) => with_field(ErrorCode::LimitReached, msg, "pids"),
         NodeError::Backend(BackendError::ProgramNotFound(_)) => with_field(ErrorCode::InvalidRequest, msg, "argv"),
+        NodeError::Backend(BackendError::Invalid { field, .. }) => with_field(ErrorCode::InvalidRequest, msg, field),
         NodeError::Backend(BackendError::ExecRejected(ref why)) => {
             let field = if why.contains("cwd") || why.contains("directory") { "cwd" } else { "argv" };
             with_field(ErrorCode::InvalidRequest, msg, field)
@@ -111,5 +112,7 @@ mod tests {
         let denied = BackendError::io("mount", std::io::Error::from_raw_os_error(libc::EPERM));
         assert_eq!(to_api(NodeError::Backend(denied)).code, ErrorCode::Internal);
         assert_eq!(to_api(NodeError::Backend(BackendError::Setup("x".into()))).code, ErrorCode::Internal);
+        let too_big = to_api(NodeError::Backend(BackendError::Invalid { field: "memory_mib", message: "x".into() }));
+        assert_eq!((too_big.code, too_big.field.as_deref()), (ErrorCode::InvalidRequest, Some("memory_mib")));
     }
 }
