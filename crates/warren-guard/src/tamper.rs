@@ -17,12 +17,12 @@
 //! directory with `FAN_ONDIR` (listing a directory is no event: names are
 //! not contents, and phase leaders list directories to build a ruleset).
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
-use crate::fanotify::{self, Group, OpenIntent};
+use crate::fanotify::{self, Group, OpenIntent, PermissionEvent};
 use crate::landlock::Level;
 
 /// Directories below a protected path that are marked, at most this deep.
@@ -164,14 +164,14 @@ fn subdirectories(dir: &OwnedFd) -> Vec<String> {
 
 /// What a held access is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
+enum Access {
     /// A read through an open descriptor (`FAN_ACCESS_PERM`).
     Read,
     Open(OpenIntent),
 }
 
 impl Access {
-    pub fn describe(self) -> String {
+    fn describe(self) -> String {
         match self {
             Access::Read => "read".to_string(),
             Access::Open(OpenIntent::Exec) => "exec".to_string(),
@@ -183,7 +183,7 @@ impl Access {
 /// The access an event with `mask` holds for thread `tid` (a held thread,
 /// so its `/proc` entries are stable), and the call that made it ("" if
 /// unknown).
-pub fn access_of(mask: u64, tid: i32) -> (&'static str, Access) {
+fn access_of(mask: u64, tid: i32) -> (&'static str, Access) {
     if mask & fanotify::ACCESS_PERM != 0 {
         return ("", Access::Read);
     }
@@ -223,7 +223,7 @@ fn held_syscall(tid: i32) -> String {
 
 /// Whether `level` lets `access` through (an open it cannot decode counts
 /// as a write).
-pub fn allows(level: Level, access: Access) -> bool {
+fn allows(level: Level, access: Access) -> bool {
     match level {
         Level::ReadWrite => true,
         Level::Read => matches!(access, Access::Read | Access::Open(OpenIntent::Read | OpenIntent::Exec)),
@@ -237,7 +237,7 @@ pub fn allows(level: Level, access: Access) -> bool {
 /// placed, and `None` (let through) when it was moved out of every
 /// protected path since its mark, judged as Landlock judges, by where it
 /// is now. Returns the level and whether `path` matched a rule.
-pub fn judging_level(rules: &[Protected], path: Option<&str>) -> Option<(Level, bool)> {
+fn judging_level(rules: &[Protected], path: Option<&str>) -> Option<(Level, bool)> {
     match path {
         Some(p) => level_of(rules, p).map(|l| (l, true)),
         None => Some((strictest(rules), false)),
@@ -245,7 +245,7 @@ pub fn judging_level(rules: &[Protected], path: Option<&str>) -> Option<(Level, 
 }
 
 /// The level of the most specific protected path that holds `path`.
-pub fn level_of(rules: &[Protected], path: &str) -> Option<Level> {
+fn level_of(rules: &[Protected], path: &str) -> Option<Level> {
     rules
         .iter()
         .filter(|p| {
@@ -258,11 +258,11 @@ pub fn level_of(rules: &[Protected], path: &str) -> Option<Level> {
 }
 
 /// The strictest level of `rules` (`none` without any).
-pub fn strictest(rules: &[Protected]) -> Level {
+fn strictest(rules: &[Protected]) -> Level {
     rules.iter().map(|p| p.level).min().unwrap_or(Level::None)
 }
 
-pub fn level_name(level: Level) -> &'static str {
+fn level_name(level: Level) -> &'static str {
     match level {
         Level::None => "none",
         Level::Read => "read",
@@ -273,7 +273,7 @@ pub fn level_name(level: Level) -> &'static str {
 /// A path the kernel reported for an event (`/proc/self/fd/N`'s target),
 /// as the sandbox names it: without `root` (how the watcher sees the
 /// sandbox's root; empty when it is `/`) and a ` (deleted)` suffix.
-pub fn sandbox_path(reported: &str, root: &str) -> String {
+fn sandbox_path(reported: &str, root: &str) -> String {
     let reported = reported.strip_suffix(" (deleted)").unwrap_or(reported);
     match reported.strip_prefix(root) {
         Some(rest) if !root.is_empty() && (rest.is_empty() || rest.starts_with('/')) => {
@@ -294,8 +294,33 @@ pub fn inner_tgid(status: &str) -> Option<i32> {
     line.split_whitespace().last()?.parse().ok()
 }
 
+/// An access a watch refuses: the call that made it ("" if unknown) and
+/// its event's detail.
+#[derive(Debug)]
+pub struct Refused {
+    pub syscall: &'static str,
+    pub detail: String,
+}
+
+/// Judges the access `event` holds by phase `phase`'s `rules`; `root` is
+/// the sandbox's root as the watcher names it (empty when it is `/`).
+/// `None`: let it through. Who is exempt (the platform's own processes)
+/// is the caller's to decide.
+pub fn judge(event: &PermissionEvent<'_>, rules: &[Protected], phase: &str, root: &str) -> Option<Refused> {
+    let path = std::fs::read_link(format!("/proc/self/fd/{}", event.file.as_raw_fd()))
+        .map(|p| sandbox_path(&p.to_string_lossy(), root))
+        .ok();
+    let (level, matched) = judging_level(rules, path.as_deref())?;
+    let (syscall, access) = access_of(event.mask, event.tid);
+    if allows(level, access) {
+        return None;
+    }
+    let detail = describe_refusal(access, path.as_deref().filter(|_| matched), phase, level);
+    Some(Refused { syscall, detail })
+}
+
 /// The detail of a refusal's event.
-pub fn describe_refusal(access: Access, path: Option<&str>, phase: &str, level: Level) -> String {
+fn describe_refusal(access: Access, path: Option<&str>, phase: &str, level: Level) -> String {
     format!(
         "{} {} denied: phase {phase} level {}",
         access.describe(),
@@ -307,7 +332,6 @@ pub fn describe_refusal(access: Access, path: Option<&str>, phase: &str, level: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsRawFd;
 
     fn rules(list: &[(&str, Level)]) -> Vec<Protected> {
         list.iter().map(|(p, l)| Protected { path: p.to_string(), level: *l }).collect()

@@ -257,14 +257,7 @@ impl Answerer {
             let m = marks.get(&sandbox)?;
             (m.phase.clone(), m.rules.clone(), m.host_root.clone())
         };
-        let path = std::fs::read_link(format!("/proc/self/fd/{}", event.file.as_raw_fd()))
-            .map(|p| marks::sandbox_path(&p.to_string_lossy(), &host_root))
-            .ok();
-        let (level, matched) = marks::judging_level(&rules, path.as_deref())?;
-        let (syscall, access) = marks::access_of(event.mask, tid);
-        if marks::allows(level, access) {
-            return None;
-        }
+        let refused = marks::judge(event, &rules, &phase, &host_root)?;
         let inner = std::fs::read_to_string(format!("/proc/{tid}/status")).ok().and_then(|s| marks::inner_tgid(&s));
         if inner == Some(1) {
             // The sandbox's init: outside every domain by design, and the
@@ -272,12 +265,12 @@ impl Answerer {
             return None;
         }
         let comm = std::fs::read_to_string(format!("/proc/{tid}/comm")).unwrap_or_default().trim_end().to_string();
-        let mut detail = marks::describe_refusal(access, path.as_deref().filter(|_| matched), &phase, level);
+        let mut detail = refused.detail;
         if inner.is_none() {
             detail.push_str(&format!(" (host pid {tid})"));
         }
         let mut observed = Observed::new(SecurityEventKind::Tamper, detail).process(inner.unwrap_or(0), comm);
-        observed.syscall = syscall.to_string();
+        observed.syscall = refused.syscall.to_string();
         Some((sandbox, observed))
     }
 }

@@ -19,7 +19,7 @@
 //! Never: holds an event while it waits for anything but `/proc` reads of
 //! the held thread.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -176,14 +176,7 @@ impl Watcher {
             // This process: the platform's own code (the file API, the pack).
             return None;
         }
-        let path = std::fs::read_link(format!("/proc/self/fd/{}", event.file.as_raw_fd()))
-            .map(|p| marks::sandbox_path(&p.to_string_lossy(), ""))
-            .ok();
-        let (level, matched) = marks::judging_level(&self.rules, path.as_deref())?;
-        let (syscall, access) = marks::access_of(event.mask, tid);
-        if marks::allows(level, access) {
-            return None;
-        }
+        let refused = marks::judge(event, &self.rules, &self.phase, "")?;
         let comm = std::fs::read_to_string(format!("/proc/{tid}/comm")).unwrap_or_default().trim_end().to_string();
         let time_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         Some(SecurityEvent {
@@ -192,8 +185,8 @@ impl Watcher {
             pid: tgid.unwrap_or(tid),
             comm,
             kind: SecurityEventKind::Tamper,
-            syscall: syscall.to_string(),
-            detail: marks::describe_refusal(access, path.as_deref().filter(|_| matched), &self.phase, level),
+            syscall: refused.syscall.to_string(),
+            detail: refused.detail,
         })
     }
 }
