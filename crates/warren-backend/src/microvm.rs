@@ -441,6 +441,9 @@ pub struct MicroVmDriver {
     limit_reads: Mutex<HashMap<String, LimitRead>>,
     /// Which of [`QEMU_UIDS`] each VM's QEMU runs as (its `slot` file).
     qemu_uids: SlotBook,
+    /// The most guest memory QEMU can be given on this host (its
+    /// `MemTotal` less [`QEMU_OVERHEAD_MIB`]), read once.
+    max_guest_mib: u64,
 }
 
 /// One answer of a guest's init to the limit counters, and QEMU's CPU
@@ -485,8 +488,10 @@ impl MicroVmDriver {
             .map_err(|e| BackendError::io(format!("resolve {}", config.run_dir.display()), e))?;
         let snapshots = snapshot::Snapshots::new(&config.run_dir, &config.init_binary)?;
         let qemu_uids = SlotBook::numbers(config.run_dir.clone(), QEMU_UIDS);
+        let host_mib = HostTotals::read().map_err(cgroup_err)?.memory_bytes >> 20;
         Ok(MicroVmDriver {
             qemu_uids,
+            max_guest_mib: host_mib.saturating_sub(QEMU_OVERHEAD_MIB),
             snapshots,
             on_disk: Mutex::new(HashMap::new()),
             moves: Mutex::new(()),
@@ -1000,8 +1005,7 @@ impl Driver for MicroVmDriver {
         }
         // QEMU allocates the guest's memory: more than the host has fails
         // its start (and a cgroup limit above it means nothing).
-        let host_mib = HostTotals::read().map_err(cgroup_err)?.memory_bytes >> 20;
-        let most = host_mib.saturating_sub(QEMU_OVERHEAD_MIB);
+        let most = self.max_guest_mib;
         if spec.resources.memory_mib > most {
             let message = format!("a {backend} guest's memory must fit this host: at most {most} MiB here");
             return Err(BackendError::Invalid { field: "memory_mib", message });

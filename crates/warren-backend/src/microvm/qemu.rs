@@ -8,8 +8,9 @@
 //! QEMU opens the kernel, the initramfs and the disks, then confines itself:
 //! `-chroot` into an empty directory and `-runas` a host uid of its own
 //! sandbox (`nobody` for the probe and snapshot templates; so it holds no
-//! host path and no capability, and can signal no other sandbox's QEMU), under its own seccomp filter (`-sandbox
-//! on`, denying obsolete calls, spawning and resource control). Its filter
+//! host path and no capability, and can signal no other sandbox's QEMU),
+//! under its own seccomp filter (`-sandbox on`, denying obsolete calls,
+//! spawning and resource control). Its filter
 //! must allow the `setuid` of `-runas` itself (QEMU installs the filter
 //! first); after it no capability is left to regain root with. There is no
 //! network device and no shared host directory.
@@ -234,9 +235,15 @@ pub fn console_sock(serial_sock: &Path) -> PathBuf {
 /// [`QemuProcess::keep_running_on_drop`].
 pub fn spawn(spec: &VmSpec<'_>) -> Result<(QemuProcess, ConsoleTail)> {
     let mut cmd = Command::new(spec.qemu);
-    let (machine, accel, memory_mib, vcpus, jail, qemu_uid) =
-        (spec.machine, spec.accel, spec.memory_mib, spec.vcpus, spec.jail, spec.qemu_uid);
-    machine_args(&mut cmd, MachineArgs { machine, accel, memory_mib, vcpus, jail, qemu_uid });
+    let args = MachineArgs {
+        machine: spec.machine,
+        accel: spec.accel,
+        memory_mib: spec.memory_mib,
+        vcpus: spec.vcpus,
+        jail: spec.jail,
+        qemu_uid: spec.qemu_uid,
+    };
+    machine_args(&mut cmd, args);
     let console = console_sock(spec.serial_sock);
     let _ = std::fs::remove_file(&console);
     // QEMU binds its sockets by name before it chroots: started in their
