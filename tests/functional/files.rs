@@ -42,6 +42,9 @@ async fn stat_list_mkdir_and_remove() {
     assert_api_error(status, &body, ErrorCode::FileConflict, Some("path"));
     let (status, body) = server.mkdir(&sb.id, json!({"path": "/work/missing/child"})).await;
     assert_api_error(status, &body, ErrorCode::FileNotFound, Some("path"));
+    let url = format!("/v1/sandboxes/{}/files/mkdir", sb.id);
+    let (status, body) = server.call(reqwest::Method::POST, &url, None).await;
+    assert_api_error(status, &body, ErrorCode::InvalidRequest, Some("path"));
 
     server.put_file_ok(&sb.id, "/work/a/b/x.txt", "hello").await;
     server.put_file_ok(&sb.id, "/work/a/b/y.txt", "longer text").await;

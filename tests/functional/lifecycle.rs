@@ -328,3 +328,34 @@ async fn a_silent_init_is_ended_only_when_it_stays_silent() {
     assert!(sandbox_pids(&server.instance, &sb.id).is_empty(), "the silent sandbox's processes outlived its end");
     server.finish().await;
 }
+
+#[tokio::test]
+async fn a_create_past_the_create_timeout_answers_timed_out_and_leaves_nothing() {
+    // A create takes milliseconds, so one of 1-4 ms is dropped at whatever
+    // step it has reached; every such step must be swept.
+    let server = TestServer::start_with(&["--create-timeout-ms", "1"]).await;
+    let server_pid = server.server_pid().expect("the server runs") as i32;
+    for round in 0..6 {
+        let (status, body) = server.try_create(&small(json!({"labels": {"round": round.to_string()}}))).await;
+        assert_api_error(status, &body, ErrorCode::TimedOut, None);
+        assert_eq!(status.as_u16(), 504, "{body}");
+    }
+    let mut leaks = warren_tests::leaks::Leaks::scan(&server.data_dir(), &server.instance);
+    // The server's own mount of its run directory stays while it runs.
+    leaks.mounts.retain(|m| *m != server.data_dir().join("run"));
+    assert!(leaks.is_empty(), "abandoned creates left behind, with the server still up:\n{leaks}");
+    // With no sandbox alive the server's only child is the init zygote,
+    // and that has none.
+    let children = |pid| warren_tests::leaks::children_of(pid).into_iter().map(|p| p.pid).collect::<Vec<_>>();
+    for child in children(server_pid) {
+        let command = warren_tests::leaks::cmdline(child);
+        assert!(command.contains("--zygote"), "the server still has child {child}: {command}");
+        assert_eq!(children(child), Vec::<i32>::new(), "the zygote still has children");
+    }
+    let ended = server.list(None).await;
+    assert_eq!(ended.len(), 6, "each abandoned create keeps a record: {ended:?}");
+    for sb in &ended {
+        assert_eq!((sb.state, sb.end_reason), (SandboxState::Ended, Some(EndReason::CreateFailed)), "{sb:?}");
+    }
+    server.finish().await;
+}

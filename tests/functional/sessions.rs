@@ -45,6 +45,23 @@ async fn sessions_start_where_asked_and_are_independent() {
 }
 
 #[tokio::test]
+async fn a_session_cannot_start_where_there_is_no_directory() {
+    let server = TestServer::start().await;
+    let sb = server.create_small().await;
+    let url = format!("/v1/sandboxes/{}/sessions", sb.id);
+    for cwd in ["/no/such/dir", "/etc/passwd", "/etc/passwd/below"] {
+        let (status, body) = server.call(reqwest::Method::POST, &url, Some(&json!({"cwd": cwd}))).await;
+        assert_api_error(status, &body, ErrorCode::InvalidRequest, Some("cwd"));
+        assert!(body["message"].as_str().is_some_and(|m| m.contains(cwd)), "{body}");
+    }
+    assert!(server.list_sessions(&sb.id).await.is_empty(), "a refused session is not kept");
+    server.sh_ok(&sb.id, "ln -s /tmp /tmp-link").await;
+    let s = server.create_session(&sb.id, json!({"cwd": "/tmp-link"})).await;
+    assert_eq!(stdout(&server.session_exec(&sb.id, &s.id, "pwd -P").await), "/tmp\n");
+    server.finish().await;
+}
+
+#[tokio::test]
 async fn session_exec_takes_a_command_not_argv() {
     let server = TestServer::start().await;
     let sb = server.create_small().await;

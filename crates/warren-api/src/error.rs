@@ -63,6 +63,10 @@ pub enum ErrorCode {
     /// A create would take a project past a quota; the body is a
     /// `QuotaExceededError` naming the project and the quota.
     QuotaExceeded,
+    /// The server gave up on work of its own that took too long (a create
+    /// past the node's create timeout): what it had made is removed, and
+    /// the same request may be sent again.
+    TimedOut,
     Internal,
 }
 
@@ -87,6 +91,7 @@ impl ErrorCode {
             // for this API, these are about the registry's.
             ErrorCode::RegistryAuthRequired | ErrorCode::RegistryAuthFailed => 403,
             ErrorCode::StoreUnavailable | ErrorCode::NodeUnavailable => 503,
+            ErrorCode::TimedOut => 504,
             ErrorCode::Internal => 500,
         }
     }

@@ -66,6 +66,7 @@ fn to_api(e: NodeError) -> ApiError {
             FileError::InvalidPath(_) => with_field(ErrorCode::InvalidRequest, msg, "path"),
             _ => ApiError::new(ErrorCode::Internal, msg),
         },
+        NodeError::CreateTimedOut(_) => ApiError::new(ErrorCode::TimedOut, msg),
         NodeError::Image(warren_node::ImageError::InvalidName(_)) => with_field(ErrorCode::InvalidRequest, msg, "name"),
         NodeError::Store(warren_node::StoreError::Unavailable { .. }) => {
             ApiError::new(ErrorCode::StoreUnavailable, msg)

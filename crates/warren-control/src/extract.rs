@@ -43,7 +43,11 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
         if bytes.len() > MAX_JSON_BYTES {
             return Err(ApiError::new(warren_api::ErrorCode::InvalidRequest, "JSON body too large").into());
         }
-        let de = &mut serde_json::Deserializer::from_slice(&bytes);
+        // No body at all reads as `{}`: the error then names the first
+        // required field instead of "EOF while parsing", and a request
+        // whose fields all have defaults needs no body.
+        let body: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &bytes };
+        let de = &mut serde_json::Deserializer::from_slice(body);
         serde_path_to_error::deserialize(de)
             .map(ApiJson)
             .map_err(|e| HttpError(named(e.path().to_string(), e.into_inner())))

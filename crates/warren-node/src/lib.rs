@@ -53,7 +53,7 @@ use futures_util::{Stream, StreamExt};
 use tokio::time::Instant;
 use warren_api::{
     ApiError, Backend, CreateSandboxRequest, CreateSessionRequest, CreateSource, EndReason, ExecFrame, ExecRequest,
-    ExecResult, ExecStatus, ImageInfo, Resources, SandboxInfo, SandboxState, SessionInfo,
+    ExecResult, ExecStatus, FileKind, ImageInfo, Resources, SandboxInfo, SandboxState, SessionInfo,
 };
 use warren_backend::{BackendError, Driver, ExecSpec, Liveness, SandboxHandle, SandboxSpec};
 use warren_image::ImageStore;
@@ -76,8 +76,9 @@ use warren_image::cache::LayerLease;
 pub use warren_image::ImageError;
 pub use warren_store::StoreError;
 
-/// How long a create may take before it is abandoned and cleaned up.
-const CREATE_DEADLINE: Duration = Duration::from_secs(60);
+/// How long a create may take before it is abandoned and cleaned up,
+/// unless the node is configured otherwise (`--create-timeout-ms`).
+pub const DEFAULT_CREATE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often the reaper looks at every sandbox.
 const REAP_INTERVAL: Duration = Duration::from_millis(250);
 /// Liveness probes run every this many reaper ticks.
@@ -149,6 +150,9 @@ pub struct NodeConfig {
     /// Whether Landlock's audit records become `landlock` events, and
     /// whether the node may enable audit for it (`--landlock-audit`).
     pub landlock_audit: LandlockAuditMode,
+    /// How long a create may take before it is abandoned, everything it
+    /// made removed, and the caller answered `timed_out`.
+    pub create_timeout: Duration,
 }
 
 /// The default [`NodeConfig::sandbox_id_prefix`].
@@ -196,6 +200,8 @@ pub enum NodeError {
     Image(ImageError),
     #[error(transparent)]
     File(#[from] FileError),
+    #[error("the create did not finish within {0:?}; what it had made is removed")]
+    CreateTimedOut(Duration),
     #[error("{0}")]
     Internal(String),
 }
@@ -564,7 +570,8 @@ impl Node {
                     hostname: id.clone(),
                     phase: phase::rules(&req.phases, req.phase.as_deref()),
                 };
-                match tokio::time::timeout(CREATE_DEADLINE, driver.create(&spec)).await {
+                let timeout = self.inner.cfg.create_timeout;
+                match tokio::time::timeout(timeout, driver.create(&spec)).await {
                     Ok(r) => r.map_err(|e| phase::backend_error(e, req.phase.as_deref().unwrap_or_default())),
                     Err(_) => {
                         // The create future was dropped midway; sweep whatever it left.
@@ -575,7 +582,7 @@ impl Node {
                                 state: serde_json::Value::Null,
                             })
                             .await;
-                        Err(NodeError::Internal(format!("create did not finish within {CREATE_DEADLINE:?}")))
+                        Err(NodeError::CreateTimedOut(timeout))
                     }
                 }
             }
@@ -630,7 +637,7 @@ impl Node {
     /// Waits (bounded) until a sandbox made by a concurrent call with the same
     /// idempotency key has left `creating`.
     async fn wait_created(&self, id: &str) -> Result<SandboxInfo> {
-        let mut deadline = Instant::now() + CREATE_DEADLINE + Duration::from_secs(5);
+        let mut deadline = Instant::now() + self.inner.cfg.create_timeout + Duration::from_secs(5);
         loop {
             // The first call stores its claim before its record: not found yet means not made yet.
             match self.get(id) {
@@ -638,7 +645,7 @@ impl Node {
                 Ok(info) if Instant::now() > deadline => return Ok(info),
                 // Still waiting for room: its create deadline has not started.
                 Err(NodeError::NotFound(_)) if self.inner.admission.is_waiting(id) => {
-                    deadline = Instant::now() + CREATE_DEADLINE + Duration::from_secs(5);
+                    deadline = Instant::now() + self.inner.cfg.create_timeout + Duration::from_secs(5);
                 }
                 Err(e) if Instant::now() > deadline => return Err(e),
                 Ok(_) | Err(NodeError::NotFound(_)) => {}
@@ -1026,7 +1033,7 @@ impl Node {
 
     // ---- sessions --------------------------------------------------------
 
-    pub fn create_session(&self, id: &str, req: CreateSessionRequest) -> Result<SessionInfo> {
+    pub async fn create_session(&self, id: &str, req: CreateSessionRequest) -> Result<SessionInfo> {
         if let Some(cwd) = &req.cwd {
             if !cwd.starts_with('/') {
                 return Err(NodeError::Invalid(ApiError::invalid("cwd", "must be an absolute path")));
@@ -1038,6 +1045,9 @@ impl Node {
         if live.record().info.backend == Backend::Function {
             // Every exec of a function sandbox runs in a fresh worker: no state to keep.
             return Err(BackendError::Unsupported("function", "sessions").into());
+        }
+        if let Some(cwd) = &req.cwd {
+            self.check_session_cwd(id, cwd).await?;
         }
         let mut env = base_env(&live.record().env);
         env.extend(req.env);
@@ -1055,6 +1065,22 @@ impl Node {
             .unwrap_or_else(|p| p.into_inner())
             .insert(rec.id.clone(), Arc::new(tokio::sync::Mutex::new(rec)));
         Ok(info)
+    }
+
+    /// A session asked to start in a directory that is not there is refused
+    /// at once: otherwise every one of its commands would fail, far from
+    /// the call that made the mistake.
+    async fn check_session_cwd(&self, id: &str, cwd: &str) -> Result<()> {
+        let refuse =
+            |why: &str| Err(NodeError::Invalid(ApiError::invalid("cwd", format!("{cwd}: {why} in the sandbox"))));
+        match self.stat_file(id, cwd.to_string()).await {
+            // A symlink is left to the shell: it may well lead to a directory.
+            Ok(stat) if matches!(stat.kind, FileKind::Dir | FileKind::Symlink) => Ok(()),
+            Ok(_) => refuse("not a directory"),
+            Err(NodeError::File(FileError::NotFound)) => refuse("no such directory"),
+            Err(NodeError::File(FileError::NotDirectory)) => refuse("a component of the path is not a directory"),
+            Err(other) => Err(other),
+        }
     }
 
     pub async fn list_sessions(&self, id: &str) -> Result<Vec<SessionInfo>> {

@@ -627,7 +627,7 @@ impl Node {
         step: Option<u64>,
     ) -> Result<Stepped<SessionInfo>> {
         let request = to_json(&req)?;
-        self.stepped(id, step, StepKind::SessionCreate, request, || async { self.create_session(id, req) }).await
+        self.stepped(id, step, StepKind::SessionCreate, request, || self.create_session(id, req)).await
     }
 
     pub async fn remove_file_stepped(

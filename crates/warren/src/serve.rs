@@ -120,6 +120,10 @@ pub struct ServeArgs {
     /// after the sandbox ended.
     #[arg(long, default_value_t = warren_node::trajectory::DEFAULT_TRAJECTORY_RETENTION_SECS)]
     pub trajectory_retention_secs: u64,
+    /// How long (ms) a create may take before it is abandoned, what it made
+    /// removed, and the caller answered 504 `timed_out`.
+    #[arg(long, default_value_t = warren_node::DEFAULT_CREATE_TIMEOUT.as_millis() as u64)]
+    pub create_timeout_ms: u64,
     /// IPv4 pool for `allowlist` sandboxes, split into one /30 each
     /// (default: a /20 of 10.128.0.0/9 picked by the instance name).
     #[arg(long)]
@@ -241,6 +245,7 @@ impl ServeArgs {
             layer_fill_threads: warren_image::cache::DEFAULT_FILL_THREADS,
             ended_retention_secs: warren_node::DEFAULT_ENDED_RETENTION_SECS,
             trajectory_retention_secs: warren_node::trajectory::DEFAULT_TRAJECTORY_RETENTION_SECS,
+            create_timeout_ms: warren_node::DEFAULT_CREATE_TIMEOUT.as_millis() as u64,
             sandbox_net: None,
             sandbox_net6: None,
             dns_hosts: None,
@@ -406,6 +411,7 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
             blob_store: blob_store_config(args)?,
             ended_retention: std::time::Duration::from_secs(args.ended_retention_secs),
             trajectory_retention: std::time::Duration::from_secs(args.trajectory_retention_secs),
+            create_timeout: std::time::Duration::from_millis(args.create_timeout_ms),
             network: warren_node::NetworkOptions {
                 pool: args.sandbox_net.clone(),
                 pool6: args.sandbox_net6.clone(),

@@ -204,6 +204,7 @@ _STATUS_OF_CODE: dict[str, int] = {
     "capacity_exceeded": 503,
     "queue_full": 429,
     "limit_reached": 429,
+    "timed_out": 504,
     "internal": 500,
 }
 
@@ -413,6 +414,7 @@ _BY_CODE: dict[str, type[errors.WarrenError]] = {
     "registry_auth_failed": errors.InvalidRequest,
     "store_unavailable": errors.ServerError,
     "node_unavailable": errors.ServerError,
+    "timed_out": errors.ServerError,
     "internal": errors.ServerError,
 }
 
