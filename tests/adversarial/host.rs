@@ -221,7 +221,9 @@ pub fn escaped_processes(server_pid: Option<u32>, instance: &str) -> Vec<String>
             .and_then(|ids| ids.split_whitespace().next().and_then(|u| u.parse().ok()));
         let cgroup = pids_cgroup(pid).unwrap_or_default();
         let in_some_sandbox = cgroup.trim_matches('/').split('/').count() >= 2;
-        let in_ours = cgroup.split('/').any(|c| c == instance);
+        // A VM's QEMU sits in the VM drivers' own instances.
+        let ours = [instance.to_string(), leaks::vm_instance(instance), leaks::full_vm_instance(instance)];
+        let in_ours = cgroup.split('/').any(|c| ours.iter().any(|o| o == c));
         // Exiting is checked again after the reads above: a process leaves
         // its v1 cgroups inside do_exit, after PF_EXITING is set, so one
         // that began to exit between the first check and the cgroup read

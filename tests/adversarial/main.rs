@@ -39,6 +39,19 @@ async fn own_sandbox_cases() {
     suite.finish("own-sandbox (destructive) cases").await;
 }
 
+/// The same cases against a microVM (`cases::own_for_microvm` says what
+/// differs): its guest's init is the same `warren-init` with the same
+/// profile, capabilities, masks and `/dev`, so what an agent can do inside
+/// must be refused and seen the same way.
+#[tokio::test]
+async fn microvm_cases() {
+    let mut suite = Suite::start_on(&[], json!({"backend": "microvm", "memory_mib": 256})).await;
+    suite.run_all(&cases::shared()).await;
+    suite.run_all(&cases::seccomp_rules()).await;
+    suite.run_all(&cases::own_for_microvm()).await;
+    suite.finish("microVM cases").await;
+}
+
 /// The incident itself: `XFS_IOC_SWAPEXT` (and its successor
 /// `XFS_IOC_EXCHANGE_RANGE`) against a protected file on a real XFS
 /// filesystem inside the sandbox. Refused with EPERM, recorded, and the

@@ -238,6 +238,9 @@ impl Drop for PlantedSecret {
 
 pub struct Suite {
     pub server: TestServer,
+    /// Fields every sandbox of the suite is made with over the small
+    /// default (`{}`: containers; the backend and its memory for VMs).
+    backend: Value,
     pub victim: SandboxInfo,
     pub neighbour: SandboxInfo,
     neighbour_pid1: Option<i32>,
@@ -255,6 +258,12 @@ impl Suite {
     }
 
     pub async fn start_with(args: &[&str]) -> Suite {
+        Self::start_on(args, json!({})).await
+    }
+
+    /// A suite whose victim, neighbour and own sandboxes are made with
+    /// `backend`'s fields (e.g. `{"backend": "microvm", "memory_mib": 256}`).
+    pub async fn start_on(args: &[&str], backend: Value) -> Suite {
         let probe = probe_binary();
         let server = TestServer::start_with(args).await;
         let mut watched = vec![server.path().join("rootfs"), probe.clone(), PathBuf::from("/bin/busybox")];
@@ -276,9 +285,10 @@ impl Suite {
         }
         let sentinel = Sentinel::plant(&server.path().join("sentinel"), &unique_marker("sentinel"), watched);
         let secret = PlantedSecret::plant();
-        let victim = server.create_small().await;
-        let neighbour = server.create_small().await;
+        let victim = server.create(small(backend.clone())).await;
+        let neighbour = server.create(small(backend.clone())).await;
         let suite = Suite {
+            backend,
             neighbour_pid1: sandbox_pid1(&server.instance, &neighbour.id),
             server,
             victim,
@@ -369,7 +379,7 @@ impl Suite {
         let (id, own) = match &case.placement {
             Placement::Shared => (self.victim.id.clone(), false),
             Placement::Own(fields) => {
-                let (status, body) = self.server.try_create(&small(fields.clone())).await;
+                let (status, body) = self.server.try_create(&small(merged(&self.backend, fields))).await;
                 if status != StatusCode::CREATED {
                     return vec![format!("creating its sandbox: {status} {body}")];
                 }
@@ -420,7 +430,7 @@ impl Suite {
         } else if outcome.sandbox.state != SandboxState::Running {
             let mut problems = problems;
             problems.push(format!("the shared victim ended ({:?}); making a new one", outcome.sandbox.end_reason));
-            self.victim = self.server.create_small().await;
+            self.victim = self.server.create(small(self.backend.clone())).await;
             self.prepare(&self.victim.id.clone()).await;
             return problems;
         }
@@ -576,6 +586,15 @@ impl Suite {
         }
         self.server.finish().await;
     }
+}
+
+/// `base` with `over`'s fields set on it.
+fn merged(base: &Value, over: &Value) -> Value {
+    let mut out = base.clone();
+    if let (Some(out), Some(over)) = (out.as_object_mut(), over.as_object()) {
+        out.extend(over.clone());
+    }
+    out
 }
 
 fn blank_outcome(sandbox: SandboxInfo) -> Outcome {

@@ -144,3 +144,29 @@ pub async fn wait_for_snapshots(server: &TestServer, backend: Backend, n: usize)
     }
     panic!("no VM snapshot was built; log:\n{}", server.log_tail(40));
 }
+
+/// Sends one QMP command (`{"execute": command}`) to a microVM's QEMU, as
+/// an operator would, and returns its answer's `return`.
+pub fn qmp(server: &TestServer, id: &str, command: &str) -> serde_json::Value {
+    use std::io::{BufRead, BufReader, Write};
+    let sock = server.data_dir().join("vm").join(id).join("qmp.sock");
+    let stream = std::os::unix::net::UnixStream::connect(&sock).expect("connect to the VM's qmp.sock");
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(30))).expect("set a read timeout");
+    let mut reader = BufReader::new(stream.try_clone().expect("clone the QMP stream"));
+    let mut writer = stream;
+    let mut answer = |execute: &str| -> serde_json::Value {
+        writeln!(writer, "{}", serde_json::json!({ "execute": execute })).expect("send a QMP command");
+        loop {
+            let mut line = String::new();
+            assert!(reader.read_line(&mut line).expect("read QMP") > 0, "QEMU closed QMP before answering {execute}");
+            let value: serde_json::Value = serde_json::from_str(&line).expect("QMP speaks JSON lines");
+            // The greeting and asynchronous events come before the answer.
+            if let Some(ret) = value.get("return") {
+                return ret.clone();
+            }
+            assert!(value.get("error").is_none(), "QMP {execute}: {value}");
+        }
+    };
+    answer("qmp_capabilities");
+    answer(command)
+}

@@ -331,6 +331,8 @@ struct Launch {
     vcpus: u32,
     memory_mib: u64,
     pids: u32,
+    #[serde(default)]
+    open_files: u32,
     /// On the kernel command line (a snapshot's clones keep the template's).
     hostname: String,
     /// The sandbox's hostname: told the guest again with the time after a
@@ -576,6 +578,7 @@ impl MicroVmDriver {
             vcpus: launch.vcpus,
             memory_mib: launch.memory_mib,
             pids: launch.pids,
+            open_files: launch.open_files,
             layers: &launch.layer_files,
             writable: &writable,
             serial_sock: &serial_sock,
@@ -720,6 +723,7 @@ impl MicroVmDriver {
             vcpus: vcpus(spec),
             memory_mib: spec.resources.memory_mib,
             pids: spec.resources.pids,
+            open_files: spec.resources.open_files,
             hostname: spec.hostname.clone(),
             name: spec.hostname.clone(),
             accel,
@@ -738,6 +742,7 @@ impl MicroVmDriver {
             vcpus: vcpus(spec),
             memory_mib: spec.resources.memory_mib,
             pids: spec.resources.pids,
+            open_files: spec.resources.open_files,
             layers: &layers,
             writable: &writable,
             serial_sock: &serial_sock,
@@ -800,6 +805,7 @@ impl MicroVmDriver {
                 disk_mib: spec.resources.disk_mib,
                 inodes: spec.resources.inodes,
                 pids: spec.resources.pids,
+                open_files: spec.resources.open_files,
                 net: spec.network == warren_api::NetworkMode::Allowlist,
             },
         })
@@ -1602,6 +1608,7 @@ mod tests {
             vcpus: 1,
             memory_mib: 128,
             pids: 256,
+            open_files: 4096,
             hostname: id.into(),
             name: id.into(),
             accel: Accel::Tcg,

@@ -77,6 +77,13 @@ pub const LEADER_COMM: &str = "phase-leader";
 /// guest's full root: a phase *with* protected paths first drops to a
 /// container's capabilities less `CAP_MKNOD` (see [`enforce`]).
 pub static LANDLOCK_OPTIONAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Set by a microVM's init: every phase's processes get a container's
+/// capabilities (less `CAP_MKNOD`), as in a container, not the guest
+/// root's whole set (raw memory and disks, the kernel's interfaces, raw
+/// sockets, raising their own limits). A full VM's leader leaves the
+/// guest's root whole: systemd and the OS are the task there.
+pub static SEAL_CAPABILITIES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// In the leader: its end of the channel to PID 1.
 const CHANNEL_FD: RawFd = 3;
 /// In the leader: init's own binary (sessions exec it in report-state mode).
@@ -439,17 +446,18 @@ fn leader_main(landlock_optional: bool) -> ! {
 /// process it starts) to it. On failure: why, and whether the rules
 /// themselves are at fault.
 fn enforce(rules: &PhaseRules, exe: BorrowedFd<'_>, landlock_optional: bool) -> Result<(), (String, bool)> {
-    if rules.protected_paths.is_empty() && landlock_optional && !ruleset::supported() {
-        return Ok(());
-    }
     // A guest's root reaches around any path rule with its capabilities:
     // raw disks and kernel memory (`CAP_SYS_RAWIO`), a device node of its
     // own making (`CAP_MKNOD`), the kernel's helpers and interfaces
-    // (`CAP_SYS_ADMIN`, `CAP_SYS_MODULE`). The guest's init took the disks'
-    // nodes and the writable sysctls away at boot (`vm::close_kernel_doors`).
-    if landlock_optional && !rules.protected_paths.is_empty() {
+    // (`CAP_SYS_ADMIN`, `CAP_SYS_MODULE`). The guest's init left the disks'
+    // nodes behind and made the sysctls read-only at boot (`vm::boot`).
+    let seal = SEAL_CAPABILITIES.load(std::sync::atomic::Ordering::Relaxed);
+    if landlock_optional && (seal || !rules.protected_paths.is_empty()) {
         let mask = sandbox_capability_mask() & !Capability::Mknod.bit();
         crate::seal::apply_keeping(mask).map_err(|e| (format!("phase `{}`: {e}", rules.name), false))?;
+    }
+    if rules.protected_paths.is_empty() && landlock_optional && !ruleset::supported() {
+        return Ok(());
     }
     let fail = |e: ruleset::LandlockError| {
         let rejected = matches!(

@@ -89,7 +89,7 @@ fn mount_sys(root: &Path) -> Result<(), InitError> {
     }
 }
 
-fn mount_dev(root: &Path) -> Result<(), InitError> {
+pub(crate) fn mount_dev(root: &Path) -> Result<(), InitError> {
     let dev = inside(root, "/dev");
     ensure_dir(&dev)?;
     rustix::mount::mount("tmpfs", &dev, "tmpfs", MountFlags::NOSUID | MountFlags::NOEXEC, c"mode=0755,size=65536k")
@@ -130,18 +130,34 @@ fn mount_dev(root: &Path) -> Result<(), InitError> {
 /// the masks (a mask may sit inside a read-only tree, never the reverse).
 /// A path this kernel does not have is skipped; any other failure fails
 /// setup, because a mask that silently did not apply is an open door.
-fn protect_kernel_files(root: &Path) -> Result<(), InitError> {
+pub(crate) fn protect_kernel_files(root: &Path) -> Result<(), InitError> {
     for path in READ_ONLY_PATHS {
         let target = inside(root, path);
         if exists(&target)? {
             remount_read_only(&target)?;
         }
     }
+    // The first masked file gets `/dev/null` on a `nodev` bind, which
+    // cannot be opened at all (EACCES), and the others binds of that one,
+    // which inherit the flag. A plain `/dev/null` would take writes: where
+    // the caller is the kernel's root (a microVM's guest),
+    // `echo c > /proc/sysrq-trigger` would "succeed" into nothing, and
+    // nobody could tell a mask from a write that took effect.
     let null = inside(root, "/dev/null");
+    let mut masked_file: Option<PathBuf> = None;
     for path in MASKED_FILES {
         let target = inside(root, path);
-        if exists(&target)? {
-            rustix::mount::mount_bind(&null, &target).step(|| format!("step 4: mask {path}"))?;
+        if !exists(&target)? {
+            continue;
+        }
+        match &masked_file {
+            None => {
+                rustix::mount::mount_bind(&null, &target).step(|| format!("step 4: mask {path}"))?;
+                rustix::mount::mount_remount(&target, KERNEL_FS_FLAGS | MountFlags::BIND | MountFlags::RDONLY, c"")
+                    .step(|| format!("step 4: make the mask of {path} unopenable"))?;
+                masked_file = Some(target);
+            }
+            Some(source) => rustix::mount::mount_bind(source, &target).step(|| format!("step 4: mask {path}"))?,
         }
     }
     // One empty read-only tmpfs, bound onto every masked directory: a bind

@@ -4,14 +4,17 @@
 //! Boot: mount the kernel filesystems, load the modules (virtio, block,
 //! console, EROFS, overlayfs), find the disks by their serials (`wl<i>`
 //! for image layer `i`, bottom first, `wrw` for the writable disk), stack
-//! them with overlayfs, switch into the overlay, install the seccomp
-//! profile, start the phase leader and serve the node over the
-//! virtio-serial port (see [`warren_init::mux`]).
+//! them with overlayfs, switch into the overlay with a container's `/dev`
+//! and `/proc` masks, install the seccomp profile, start the phase leader
+//! (which holds the sandbox to a container's capabilities) and serve the
+//! node over the virtio-serial port (see [`warren_init::mux`]).
 //!
 //! The node passes what init needs on the kernel command line:
 //! `warren.layers=<n>`, `warren.hostname=<name>`, `warren.pids=<n>` (the
 //! sandbox's pids limit: a guest cgroup for a microVM, the agent unit's
-//! `TasksMax` for a full VM), `warren.net` (the VM has a network device:
+//! `TasksMax` for a full VM), `warren.nofile=<n>` (the sandbox's
+//! `open_files`: init's `RLIMIT_NOFILE`, so every process's),
+//! `warren.net` (the VM has a network device:
 //! load `virtio_net` and configure `eth0` for QEMU's user-mode network,
 //! IPv4 and IPv6),
 //! `warren.probe` (power
@@ -80,6 +83,9 @@ struct BootArgs {
     trace: bool,
     /// `warren.pids=N`: the sandbox's pids limit (see [`limit_pids`]).
     pids: Option<u32>,
+    /// `warren.nofile=N`: the sandbox's `open_files`, `RLIMIT_NOFILE` of
+    /// init and so of every process (as in a container).
+    open_files: Option<u64>,
     /// `warren.net`: the VM has a network device (an `allowlist` sandbox;
     /// see [`configure_network`]).
     net: bool,
@@ -155,7 +161,7 @@ fn boot() -> Result<Booted, InitError> {
     trace("root stacked");
     if args.systemd {
         systemd::install(Path::new(NEW_ROOT), args.pids)?;
-        switch_root()?;
+        switch_root(GuestDev::Whole)?;
         return Ok(Booted::Systemd);
     }
     // Taken while the initramfs is still `/`: leaders and session commands
@@ -168,13 +174,37 @@ fn boot() -> Result<Booted, InitError> {
     if let Some(max) = args.pids {
         limit_pids(max)?;
     }
-    switch_root()?;
+    if let Some(n) = args.open_files {
+        // Soft and hard alike: without `CAP_SYS_RESOURCE` (see `leader`)
+        // no process of the sandbox can raise it again.
+        let limit = rustix::process::Rlimit { current: Some(n), maximum: Some(n) };
+        rustix::process::setrlimit(rustix::process::Resource::Nofile, limit)
+            .step(|| format!("set RLIMIT_NOFILE to {n}"))?;
+    }
+    // While the kernel's whole /dev is in reach: the new root's has only
+    // a container's devices.
+    let port = open_port(&devices.port)?;
+    switch_root(GuestDev::ContainerSet)?;
     trace("switch_root");
-    mount_pts_and_shm()?;
-    close_kernel_doors(&devices)?;
+    close_kernel_doors()?;
+    crate::rootfs::protect_kernel_files(Path::new("/"))?;
+    crate::leader::SEAL_CAPABILITIES.store(true, std::sync::atomic::Ordering::Relaxed);
+    // The sandbox's processes are root like init: only this keeps them
+    // out of init's `/proc/1/fd` and memory (as `seal` does in a container).
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .step(|| "prctl(PR_SET_DUMPABLE, 0)".into())?;
+    // And they see in `/proc` only the processes ptrace's rules would let
+    // them read: each other, not init or the phase leaders (which hold
+    // capabilities they lack). In a container init is as far out of
+    // reach, in a user namespace above theirs.
+    rustix::mount::mount_remount(
+        "/proc",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        c"hidepid=ptraceable",
+    )
+    .step(|| "remount /proc with hidepid=ptraceable".into())?;
     rustix::system::sethostname(args.hostname.as_bytes()).step(|| "sethostname".into())?;
     sys::bring_loopback_up().step(|| "bring up lo".into())?;
-    let port = open_port(&devices.port)?;
     // Before the filter: the one thread that may rename the guest and set
     // its clock once it is a clone of a snapshot.
     identity::start().step(|| "start the identity thread".into())?;
@@ -231,6 +261,7 @@ fn boot_args() -> Result<BootArgs, InitError> {
         systemd: false,
         trace: false,
         pids: None,
+        open_files: None,
         net: false,
     };
     for word in cmdline.split_ascii_whitespace() {
@@ -248,6 +279,8 @@ fn boot_args() -> Result<BootArgs, InitError> {
             args.trace = true;
         } else if let Some(n) = word.strip_prefix("warren.pids=") {
             args.pids = Some(n.parse().map_err(|_| InitError::Refused(format!("bad {word}")))?);
+        } else if let Some(n) = word.strip_prefix("warren.nofile=") {
+            args.open_files = Some(n.parse().map_err(|_| InitError::Refused(format!("bad {word}")))?);
         }
     }
     if args.layers == 0 && !args.probe {
@@ -454,14 +487,36 @@ fn settle_fds(self_exe: OwnedFd) -> Result<OwnedFd, InitError> {
     Ok(self_exe)
 }
 
+/// What the new root's `/dev` is.
+#[derive(Clone, Copy, PartialEq)]
+enum GuestDev {
+    /// The kernel's `devtmpfs`, every device of the guest: what the image's
+    /// systemd (a full VM) expects to manage.
+    Whole,
+    /// A container's `/dev` (`rootfs::mount_dev`): `null`, `zero`, `full`,
+    /// `random`, `urandom`, `tty`, `pts`, `shm`. The guest's other devices
+    /// stay behind in the initramfs, out of reach: no `mem`, `kmsg`,
+    /// `userfaultfd` (a door around the profile's refusal of the system
+    /// call), `snapshot`, the disks' raw bytes or the control port.
+    ContainerSet,
+}
+
 /// Moves the kernel filesystems into the overlay and makes it `/` (the
 /// initramfs cannot be `pivot_root`ed away: move and chroot, as
 /// `switch_root` does).
-fn switch_root() -> Result<(), InitError> {
-    for dir in ["/dev", "/proc", "/sys"] {
+fn switch_root(dev: GuestDev) -> Result<(), InitError> {
+    let moved: &[&str] = match dev {
+        GuestDev::Whole => &["/dev", "/proc", "/sys"],
+        GuestDev::ContainerSet => &["/proc", "/sys"],
+    };
+    for dir in moved {
         let target = format!("{NEW_ROOT}{dir}");
         mkdir_all(Path::new(&target))?;
-        rustix::mount::mount_move(dir, target.as_str()).step(|| format!("move {dir} into the new root"))?;
+        rustix::mount::mount_move(*dir, target.as_str()).step(|| format!("move {dir} into the new root"))?;
+    }
+    if dev == GuestDev::ContainerSet {
+        // Binds the devices from the initramfs's `/dev`, still `/dev` here.
+        crate::rootfs::mount_dev(Path::new(NEW_ROOT))?;
     }
     rustix::process::chdir(NEW_ROOT).step(|| "chdir to the new root".into())?;
     rustix::mount::mount_move(".", "/").step(|| "move the new root onto /".into())?;
@@ -472,39 +527,21 @@ fn switch_root() -> Result<(), InitError> {
 }
 
 /// Takes from the guest's root what would let a process that holds
-/// root's file access - but not its capabilities, as in a phase with
-/// protected paths (see `leader`) - get around Landlock: the disks' nodes
-/// (the layers' and the writable disk's raw bytes hold every protected
-/// file; the mounts keep the devices), the kernel's module loader (it runs
-/// `/sbin/modprobe` of the image as full root, outside every domain, when
-/// a socket of an unknown family is asked for), and writes to
-/// `/proc/sys` and `/sys` (`core_pattern` names a program the kernel runs
-/// the same way). The seccomp profile keeps the sandbox from mounting them
-/// back.
-fn close_kernel_doors(devices: &Devices) -> Result<(), InitError> {
-    for disk in devices.layers.iter().chain([&devices.rw]) {
-        std::fs::remove_file(disk).step(|| format!("remove {}", disk.display()))?;
-    }
+/// root's file access - but not its capabilities, as every process of the
+/// sandbox (see `leader`) - get around Landlock or the profile: the
+/// kernel's module loader (it runs `/sbin/modprobe` of the image as full
+/// root, outside every domain, when a socket of an unknown family is asked
+/// for) and writes to `/sys` (`/proc/sys`, where `core_pattern` names a
+/// program the kernel runs the same way, is read-only by the profile's
+/// `READ_ONLY_PATHS`, made after this). The disks' nodes (their raw bytes
+/// hold every protected file) were left behind with the kernel's `/dev`.
+/// The seccomp profile keeps the sandbox from mounting anything back.
+fn close_kernel_doors() -> Result<(), InitError> {
     std::fs::write("/proc/sys/kernel/modprobe", "\n").step(|| "clear kernel.modprobe".into())?;
     std::fs::write("/proc/sys/kernel/modules_disabled", "1").step(|| "set kernel.modules_disabled".into())?;
-    for target in ["/proc/sys", "/sys"] {
-        rustix::mount::mount_bind(target, target).step(|| format!("bind {target}"))?;
-        let flags = MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
-        rustix::mount::mount_remount(target, flags, "").step(|| format!("make {target} read-only"))?;
-    }
-    Ok(())
-}
-
-/// What a container's root has and the kernel does not mount by itself
-/// (systemd mounts its own).
-fn mount_pts_and_shm() -> Result<(), InitError> {
-    for (fstype, target, options) in
-        [("devpts", "/dev/pts", c"newinstance,ptmxmode=0666,mode=0620"), ("tmpfs", "/dev/shm", c"mode=1777")]
-    {
-        mkdir_all(Path::new(target))?;
-        rustix::mount::mount(fstype, target, fstype, MountFlags::NOSUID | MountFlags::NOEXEC, Some(options))
-            .step(|| format!("mount {fstype} on {target}"))?;
-    }
+    rustix::mount::mount_bind("/sys", "/sys").step(|| "bind /sys".into())?;
+    let flags = MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+    rustix::mount::mount_remount("/sys", flags, "").step(|| "make /sys read-only".into())?;
     Ok(())
 }
 

@@ -6,7 +6,9 @@
 //!
 //! A full disk or inode table is a state, not a counter: the sandbox's own
 //! `ENOSPC` is invisible from the host. The event fires when the layer
-//! becomes full and again only after it had room once more.
+//! becomes full and again only after it had room once more. Full is less
+//! than [`DISK_FULL_BELOW`] left: a VM's ext4 refuses a write with a few
+//! blocks still free (the metadata the write itself would need).
 
 use warren_api::{Resources, SecurityEventKind};
 use warren_backend::LimitCounters;
@@ -17,6 +19,9 @@ use crate::events::Observed;
 /// zero, so a limit hit before the first look is still reported; so does a
 /// re-adopted one, whose in-memory timeline the restart lost, so the hits
 /// it had before are reported again once.
+/// A writable layer with less than this many bytes available is full.
+const DISK_FULL_BELOW: u64 = 64 << 10;
+
 #[derive(Debug, Default)]
 pub(crate) struct LimitWatch {
     seen: LimitCounters,
@@ -40,7 +45,7 @@ impl LimitWatch {
             let n = now.pids_max_hits - self.seen.pids_max_hits;
             out.push(hit(format!("pids: {n} fork(s) refused at the limit of {} processes", limits.pids)));
         }
-        let disk_full = now.disk_total_bytes > 0 && now.disk_free_bytes == 0;
+        let disk_full = now.disk_total_bytes > 0 && now.disk_free_bytes < DISK_FULL_BELOW;
         if disk_full && !self.disk_full {
             out.push(hit(format!("disk_mib: the writable layer is full ({} MiB)", limits.disk_mib)));
         }
@@ -75,7 +80,8 @@ mod tests {
     fn rises_and_new_full_states_become_one_event_each() {
         let mut w = LimitWatch::default();
         assert!(w.update(roomy(), &resources()).is_empty());
-        let now = LimitCounters { oom_kills: 2, pids_max_hits: 5, disk_free_bytes: 0, ..roomy() };
+        // A few blocks left that ext4 keeps for a write's own metadata: full.
+        let now = LimitCounters { oom_kills: 2, pids_max_hits: 5, disk_free_bytes: 3 << 10, ..roomy() };
         let details: Vec<String> = w.update(now, &resources()).into_iter().map(|o| o.detail).collect();
         assert_eq!(details.len(), 3, "{details:?}");
         assert!(details[0].starts_with("memory_mib: ") && details[0].contains("killed 2"), "{details:?}");
@@ -84,7 +90,7 @@ mod tests {
         // Nothing new: no event, the disk staying full included.
         assert!(w.update(now, &resources()).is_empty());
         // Room again, then full again: a second event.
-        assert!(w.update(LimitCounters { disk_free_bytes: 4096, ..now }, &resources()).is_empty());
+        assert!(w.update(LimitCounters { disk_free_bytes: DISK_FULL_BELOW, ..now }, &resources()).is_empty());
         let again = w.update(LimitCounters { inodes_free: 0, ..now }, &resources());
         let details: Vec<&str> = again.iter().map(|o| o.detail.as_str()).collect();
         assert_eq!(details.len(), 2, "{details:?}");

@@ -93,6 +93,9 @@ pub struct VmSpec<'a> {
     /// The guest's init holds every process it starts to this many
     /// (`warren.pids=` on the kernel command line).
     pub pids: u32,
+    /// `RLIMIT_NOFILE` of the guest's init and so of every process it
+    /// starts (`warren.nofile=`; 0: the guest kernel's default).
+    pub open_files: u32,
     pub layers: &'a [PathBuf],
     pub writable: &'a Path,
     pub serial_sock: &'a Path,
@@ -137,7 +140,12 @@ const WRITABLE_RO_FD: i32 = 5;
 /// putting one at its target never overwrites another still to be moved.
 const HANDOVER_MIN_FD: i32 = 16;
 
-/// Kernel arguments every boot shares. Under TCG the guest's TSC is the
+/// Kernel arguments every boot shares. An NMI from the host (QMP
+/// `inject-nmi`) panics the guest, the operator's way to take a hung guest
+/// down with its backtrace on the console (and the sandbox's end message):
+/// `microvm` has no port 0x61, whose 0xff the guest reads as a PCI system
+/// error (`panic_on_unrecovered_nmi`), and `unknown_nmi_panic` is for a
+/// machine that has one. Under TCG the guest's TSC is the
 /// host's, and calibrating it against emulated timers either fails (no
 /// PIT) or, with the legacy PIT and PIC on, livelocks on timer interrupts
 /// when the host is busy: the guest is told the host's TSC rate instead,
@@ -147,7 +155,7 @@ fn base_append() -> String {
     let khz = host_tsc_khz();
     // loops_per_jiffy at HZ=250; only udelay before the TSC takes over uses it.
     let trace = if boot_trace() { " warren.boottrace" } else { "" };
-    format!("console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check tsc_early_khz={khz} lpj={}{trace}", khz * 4)
+    format!("console=ttyS0 quiet panic=-1 unknown_nmi_panic sysctl.kernel.panic_on_unrecovered_nmi=1 tsc=reliable no_timer_check tsc_early_khz={khz} lpj={}{trace}", khz * 4)
 }
 
 /// `WARREN_VM_BOOTTRACE=1`: guests print their boot steps' times and the
@@ -265,6 +273,9 @@ pub fn spawn(spec: &VmSpec<'_>) -> Result<(QemuProcess, ConsoleTail)> {
         spec.hostname,
         spec.pids
     );
+    if spec.open_files > 0 {
+        append.push_str(&format!(" warren.nofile={}", spec.open_files));
+    }
     if spec.machine == Machine::Q35 {
         // systemd names the machine from its first step, not only once the
         // agent runs. No getty on the console: nobody logs in there (it is

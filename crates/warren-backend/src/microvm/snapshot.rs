@@ -80,6 +80,9 @@ pub(super) struct Shape {
     /// Set at boot in the guest (see `VmSpec::pids`).
     #[serde(default)]
     pub pids: u32,
+    /// Set at boot in the guest (see `VmSpec::open_files`).
+    #[serde(default)]
+    pub open_files: u32,
     /// The guest has a network device (an `allowlist` sandbox): its init
     /// configured `eth0` at boot, and QEMU's user-mode network runs in a
     /// network namespace of the sandbox's own. A guest without one is a
@@ -169,6 +172,7 @@ impl Template {
             vcpus: self.shape.vcpus,
             memory_mib: self.shape.memory_mib,
             pids: self.shape.pids,
+            open_files: self.shape.open_files,
             layers: &self.layer_files,
             writable,
             serial_sock: &dir.serial_sock,
@@ -504,6 +508,7 @@ pub(super) async fn restore(
                     vcpus: template.shape.vcpus,
                     memory_mib: template.shape.memory_mib,
                     pids: template.shape.pids,
+                    open_files: template.shape.open_files,
                     hostname: TEMPLATE_HOSTNAME.to_string(),
                     name: hostname.to_string(),
                     accel: template.accel,
@@ -621,7 +626,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let layer = dir.path().join("layer");
         fs::create_dir(&layer).unwrap();
-        let shape = Shape { vcpus: 1, memory_mib: 256, disk_mib: 64, inodes: 1000, pids: 256, net: true };
+        let shape =
+            Shape { vcpus: 1, memory_mib: 256, disk_mib: 64, inodes: 1000, pids: 256, open_files: 4096, net: true };
         let meta = Meta { sources: vec![Source::of(&layer).unwrap()], shape };
         fs::write(dir.path().join("meta.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
         let read = read_meta(dir.path()).expect("readable");

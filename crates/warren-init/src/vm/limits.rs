@@ -42,7 +42,9 @@ pub(crate) fn counters() -> Result<LimitCounters, String> {
     let mut counters = LimitCounters { oom_kills, pids_max_hits: pids_max_hits(), ..LimitCounters::default() };
     if let Some(upper) = crate::pack::upper() {
         let fs = rustix::fs::fstatvfs(upper).map_err(|e| format!("statvfs of the writable disk: {e}"))?;
-        counters.disk_free_bytes = fs.f_bfree.saturating_mul(fs.f_frsize);
+        // Available, not free: ext4 keeps clusters back for its own
+        // metadata, so a full disk's free count never reaches 0.
+        counters.disk_free_bytes = fs.f_bavail.saturating_mul(fs.f_frsize);
         counters.disk_total_bytes = fs.f_blocks.saturating_mul(fs.f_frsize);
         counters.inodes_free = fs.f_ffree;
         counters.inodes_total = fs.f_files;
