@@ -31,9 +31,13 @@ use warren_tests::*;
 /// The cloud kernel, systemd and journald with room to spare.
 const GUEST_MEMORY_MIB: u64 = 512;
 
+/// `open_files` of [`create_vm`]'s VMs: not a default, so a guest that
+/// ignored it shows.
+const OPEN_FILES: u32 = 2000;
+
 async fn create_vm(server: &TestServer) -> SandboxInfo {
     let body = small(json!({"backend": "vm", "image": SYSTEMD_IMAGE, "memory_mib": GUEST_MEMORY_MIB, "disk_mib": 128,
-        "env": {"FROM_SANDBOX": "s"}}));
+        "open_files": OPEN_FILES, "env": {"FROM_SANDBOX": "s"}}));
     let started = Instant::now();
     let (status, answer) = server.try_create(&body).await;
     assert_eq!(status.as_u16(), 201, "vm create failed: {answer}\nlog:\n{}", server.log_tail(30));
@@ -87,6 +91,8 @@ async fn a_full_vm_runs_systemd_units() {
 /// What only a full OS gives: systemd is PID 1 and starts units on request.
 async fn whole_os_cases(server: &TestServer, id: &str) {
     assert_eq!(server.sh_ok(id, "cat /proc/1/comm").await, "systemd\n", "systemd is the guest's PID 1");
+    // `open_files` is the agent unit's `LimitNOFILE`, so every command's.
+    assert_eq!(server.sh_ok(id, "ulimit -n; ulimit -Hn").await, format!("{OPEN_FILES}\n{OPEN_FILES}\n"));
     // The agent starts after `basic.target`; the rest of the boot finishes
     // with nothing failed.
     let r = server.sh(id, "systemctl is-system-running --wait; systemctl --failed --no-legend").await;

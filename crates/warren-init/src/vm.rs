@@ -160,7 +160,7 @@ fn boot() -> Result<Booted, InitError> {
     stack_root(&devices, &trace)?;
     trace("root stacked");
     if args.systemd {
-        systemd::install(Path::new(NEW_ROOT), args.pids)?;
+        systemd::install(Path::new(NEW_ROOT), args.pids, args.open_files)?;
         switch_root(GuestDev::Whole)?;
         return Ok(Booted::Systemd);
     }

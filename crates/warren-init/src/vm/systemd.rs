@@ -46,7 +46,8 @@ const UNIT_NAME: &str = "warren-init.service";
 /// must be able to pick them (an exec ends `oom`, as in a microVM).
 /// OOMPolicy=continue: systemd's default stops the whole unit (the agent
 /// and every exec) when the kernel kills any one of its processes.
-/// `@TASKS_MAX@`: the sandbox's pids limit, filled in by [`install`].
+/// `@TASKS_MAX@`: the sandbox's pids limit, `@LIMIT_NOFILE@` its
+/// `open_files`, filled in by [`install`].
 const UNIT: &str = "\
 [Unit]
 Description=Warren's guest agent (serves the node over virtio-serial)
@@ -57,6 +58,7 @@ ExecStart=/usr/lib/warren/warren-init --vm-service
 Restart=no
 OOMPolicy=continue
 TasksMax=@TASKS_MAX@
+LimitNOFILE=@LIMIT_NOFILE@
 StandardOutput=journal+console
 StandardError=journal+console
 
@@ -69,8 +71,10 @@ const PORT_WAIT: Duration = Duration::from_secs(10);
 
 /// Installs the service into the stacked root at `root`; `pids` becomes its
 /// `TasksMax` (systemd's pids limit on the unit's cgroup: the agent, its
-/// threads and every command it starts, as a container's pids cgroup).
-pub fn install(root: &Path, pids: Option<u32>) -> Result<(), InitError> {
+/// threads and every command it starts, as a container's pids cgroup),
+/// `open_files` its `LimitNOFILE` (the agent's `RLIMIT_NOFILE`, so every
+/// command's; without one, systemd's default of 1024 soft, 512 Ki hard).
+pub fn install(root: &Path, pids: Option<u32>, open_files: Option<u64>) -> Result<(), InitError> {
     let binary = root.join(SERVICE_BINARY);
     if let Some(dir) = binary.parent() {
         mkdir_all(dir)?;
@@ -86,7 +90,8 @@ pub fn install(root: &Path, pids: Option<u32>) -> Result<(), InitError> {
     mkdir_all(&wants)?;
     let unit = units.join(UNIT_NAME);
     let tasks_max = pids.map_or("infinity".to_string(), |n| n.to_string());
-    let text = UNIT.replace("@TASKS_MAX@", &tasks_max);
+    let limit_nofile = open_files.map_or("1024:524288".to_string(), |n| n.to_string());
+    let text = UNIT.replace("@TASKS_MAX@", &tasks_max).replace("@LIMIT_NOFILE@", &limit_nofile);
     std::fs::write(&unit, text).step(|| format!("write {}", unit.display()))?;
     let link = wants.join(UNIT_NAME);
     match std::fs::remove_file(&link) {
