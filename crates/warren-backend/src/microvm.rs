@@ -760,7 +760,9 @@ impl MicroVmDriver {
         // Before its vCPUs run the guest: a moment of QEMU's start-up
         // outside the cgroup is the price of not forking through it.
         cgroup.add_pid(child.pid().pid).map_err(cgroup_err)?;
+        let abandoned = AbandonedBootReport { id: &spec.id, console: &console, entered, spawned_ms, settled: false };
         let ready = self.wait_ready(&mut child, &serial_sock, &self.ctl_sock(&spec.id)).await;
+        abandoned.settle();
         if qemu::boot_trace() {
             let ready_ms = entered.elapsed().as_millis();
             tracing::info!(sandbox = %spec.id, spawned_ms, ready_ms, console = %console.text(), "boot trace");
@@ -1441,6 +1443,36 @@ impl Driver for MicroVmDriver {
             return Ok(());
         }
         SandboxCgroup::remove_instance(&self.config.cgroup_instance).map_err(cgroup_err)
+    }
+}
+
+/// Says what a guest's console showed when its boot is dropped unfinished
+/// (the node's create deadline cancels the create): that boot ends in no
+/// error of the driver's own, and the console is the only witness of
+/// where a slow or hung guest stood.
+struct AbandonedBootReport<'a> {
+    id: &'a str,
+    console: &'a qemu::ConsoleTail,
+    entered: std::time::Instant,
+    /// When QEMU started, after `entered` (disks and the initramfs first).
+    spawned_ms: u128,
+    settled: bool,
+}
+
+impl AbandonedBootReport<'_> {
+    fn settle(mut self) {
+        self.settled = true;
+    }
+}
+
+impl Drop for AbandonedBootReport<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            let waited_ms = self.entered.elapsed().as_millis();
+            let console = self.console.text();
+            let spawned_ms = self.spawned_ms;
+            tracing::warn!(sandbox = %self.id, spawned_ms, waited_ms, console = %console.trim(), "a VM boot was abandoned before its init answered");
+        }
     }
 }
 
