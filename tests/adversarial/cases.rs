@@ -143,6 +143,19 @@ sysctl -w kernel.panic=0 >/dev/null 2>&1 && echo WROTE-SYSCTL
 echo done"#,
             expect().has("done").lacks("SYSRQ-WRITTEN").lacks("WROTE"),
         ),
+        // sysfs files are mostly root's 0644, and a microVM's sandbox is
+        // the guest kernel's root: only the read-only mount refuses these
+        // there (a container's are the host's root's, out of its reach).
+        Case::new(
+            "sysfs_writes",
+            r#"for f in /sys/kernel/uevent_helper /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/ksm/run /sys/power/state /sys/kernel/profiling; do
+  if [ -e $f ]; then echo "exists $f"; v=$(cat $f 2>/dev/null); echo "$v" > $f 2>/dev/null && echo "WROTE $f"; fi; done
+for f in $(ls /sys/module/*/parameters/* 2>/dev/null | head -20) $(ls /sys/block/*/queue/read_ahead_kb 2>/dev/null); do
+  echo "exists $f"; v=$(cat $f 2>/dev/null); echo "$v" > $f 2>/dev/null && echo "WROTE $f"; done
+touch /sys/warren-planted 2>/dev/null && echo WROTE-NEW-FILE
+echo done"#,
+            expect().has("done").has("exists /sys/kernel/mm/transparent_hugepage/enabled").lacks("WROTE"),
+        ),
         Case::new(
             "dsec_kernel_log_read_and_injection",
             r#"dmesg 2>/dev/null | head -c 100 | wc -c

@@ -190,7 +190,7 @@ fn exists(path: &Path) -> Result<bool, InitError> {
     }
 }
 
-fn remount_read_only(target: &Path) -> Result<(), InitError> {
+pub(crate) fn remount_read_only(target: &Path) -> Result<(), InitError> {
     rustix::mount::mount_bind_recursive(target, target)
         .step(|| format!("step 4: bind {} onto itself", target.display()))?;
     rustix::mount::mount_remount(target, KERNEL_FS_FLAGS | MountFlags::BIND | MountFlags::RDONLY, c"")

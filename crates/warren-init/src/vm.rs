@@ -539,10 +539,7 @@ fn switch_root(dev: GuestDev) -> Result<(), InitError> {
 fn close_kernel_doors() -> Result<(), InitError> {
     std::fs::write("/proc/sys/kernel/modprobe", "\n").step(|| "clear kernel.modprobe".into())?;
     std::fs::write("/proc/sys/kernel/modules_disabled", "1").step(|| "set kernel.modules_disabled".into())?;
-    rustix::mount::mount_bind("/sys", "/sys").step(|| "bind /sys".into())?;
-    let flags = MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
-    rustix::mount::mount_remount("/sys", flags, "").step(|| "make /sys read-only".into())?;
-    Ok(())
+    crate::rootfs::remount_read_only(Path::new("/sys"))
 }
 
 fn mkdir_all(path: &Path) -> Result<(), InitError> {
