@@ -345,16 +345,19 @@ async fn python_calls_fork_from_a_warm_interpreter_like_python3_c() {
     let server = python_server(2).await;
     let r = py(
         &server,
-        "import os, sys\nprint(sys.stdin.read().upper(), sys.argv, os.getcwd(), os.environ['HOME'], os.environ['TMPDIR'], os.environ['GREETING'])\nprint(open('data/in.txt').read(), end='')\nopen('out.txt', 'w').write('result')\nprint('oops', file=sys.stderr)\nsys.exit(3)",
-        json!({"stdin": "judge", "args": ["a", "b"], "files": {"data/in.txt": "input line\n"}, "fetch": ["out.txt", "/etc/hostname", "nothing"], "env": {"GREETING": "hi"}}),
+        "import os, sys\nprint(sys.stdin.read().upper(), sys.argv, os.getcwd(), os.environ['HOME'], os.environ['TMPDIR'], os.environ['GREETING'], os.getuid(), os.getgid())\nprint(open('data/in.txt').read(), end='')\nopen('out.txt', 'w').write('result')\nopen('data/in.txt', 'a').write('appended')\nprint('oops', file=sys.stderr)\nsys.exit(3)",
+        json!({"stdin": "judge", "args": ["a", "b"], "files": {"data/in.txt": "input line\n"}, "fetch": ["out.txt", "data/in.txt", "/etc/hostname", "nothing"], "env": {"GREETING": "hi"}}),
     )
     .await;
     assert!(r.forked, "a python call of a pool with fork servers forks: {r:?}");
     assert_eq!(r.exec.status, ExecStatus::Ok);
     assert_eq!(r.exec.exit_code, Some(3), "{r:?}");
-    assert_eq!(out(&r), "JUDGE ['-c', 'a', 'b'] /work /work /work hi\ninput line\n");
+    // Not root (the fork server's files are root's), yet the call's
+    // directory and the files given with it are its own.
+    assert_eq!(out(&r), "JUDGE ['-c', 'a', 'b'] /work /work /work hi 65534 65534\ninput line\n");
     assert_eq!(err(&r), "oops\n");
     assert_eq!(fetched(&r, "out.txt"), "result");
+    assert_eq!(fetched(&r, "data/in.txt"), "input line\nappended");
     assert!(!fetched(&r, "/etc/hostname").is_empty());
     assert_eq!(r.files["nothing"].status, FetchStatus::Missing);
 
@@ -390,13 +393,19 @@ async fn python_calls_fork_from_a_warm_interpreter_like_python3_c() {
     server.finish().await;
 }
 
+/// What a forked call prints of the metadata Landlock does not guard: the
+/// mode of `/tmp`, owner, modification time and extended attributes of
+/// `/etc/hostname`.
+const METADATA_MARKS: &str =
+    "(oct(os.stat('/tmp').st_mode), os.stat('/etc/hostname').st_uid, os.stat('/etc/hostname').st_mtime, os.listxattr('/etc/hostname'))";
+
 #[tokio::test]
 async fn nothing_of_a_forked_call_reaches_the_next_on_the_same_fork_server() {
     // One zygote: every call below is served by the same warm interpreter.
     let server = python_server(1).await;
     let first = py(
         &server,
-        r#"
+        &r#"
 import builtins, os, socket, sys
 builtins.LEAKED = 'global'
 sys.modules['leaked_module'] = sys
@@ -407,6 +416,17 @@ for path in ['/tmp/x', '/root/answer', '/dev/shm/x']:
         print('wrote', path)
     except PermissionError:
         print('refused', path)
+# Landlock does not cover a file's mode, owner, times or xattrs.
+print(MARKS)
+for what, attempt in [('chmod', lambda: os.chmod('/tmp', 0o700)),
+                      ('chown', lambda: os.chown('/etc/hostname', 1234, 1234)),
+                      ('utime', lambda: os.utime('/etc/hostname', (12345, 12345))),
+                      ('xattr', lambda: os.setxattr('/etc/hostname', 'user.leak', b'secret'))]:
+    try:
+        attempt()
+        print('changed', what)
+    except OSError:
+        print('refused', what)
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
@@ -414,7 +434,8 @@ if os.fork() == 0:
     os._exit(0)
 os.wait()
 print(socket.gethostname())
-"#,
+"#
+        .replace("MARKS", METADATA_MARKS),
         json!({}),
     )
     .await;
@@ -422,12 +443,15 @@ print(socket.gethostname())
     assert_eq!(first.exec.status, ExecStatus::Ok, "{first:?}");
     let lines: Vec<&str> = out(&first).lines().collect();
     assert_eq!(lines[..3], ["refused /tmp/x", "refused /root/answer", "refused /dev/shm/x"], "{lines:?}");
-    let hostname = lines[3];
+    let marks = lines[3];
+    assert_eq!(lines[4..8], ["refused chmod", "refused chown", "refused utime", "refused xattr"], "{lines:?}");
+    let hostname = lines[8];
     for _ in 0..3 {
         let next = py(
             &server,
-            r#"
+            &r#"
 import builtins, os, socket, sys
+print(MARKS)
 sleepers = []
 for pid in os.listdir('/proc'):
     try:
@@ -438,15 +462,17 @@ for pid in os.listdir('/proc'):
 print(os.listdir('.'), [p for p in ['/tmp/x', '/root/answer', '/dev/shm/x'] if os.path.exists(p)])
 print(hasattr(builtins, 'LEAKED'), 'leaked_module' in sys.modules, sleepers)
 print(socket.gethostname())
-"#,
+"#
+            .replace("MARKS", METADATA_MARKS),
             json!({}),
         )
         .await;
         assert!(next.forked, "{next:?}");
         let lines: Vec<&str> = out(&next).lines().collect();
-        assert_eq!(lines[0], "[] []", "a file leaked between calls: {lines:?}");
-        assert_eq!(lines[1], "False False []", "state or a process leaked between calls: {lines:?}");
-        assert_eq!(lines[2], hostname, "the calls did not share their fork server, so this proves nothing");
+        assert_eq!(lines[0], marks, "a file's mode, owner, times or xattrs changed between calls");
+        assert_eq!(lines[1], "[] []", "a file leaked between calls: {lines:?}");
+        assert_eq!(lines[2], "False False []", "state or a process leaked between calls: {lines:?}");
+        assert_eq!(lines[3], hostname, "the calls did not share their fork server, so this proves nothing");
     }
     server.finish().await;
 }

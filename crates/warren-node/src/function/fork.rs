@@ -16,8 +16,10 @@
 //! IPC, says so (`D`) and exits. The node answers the call on `X`; the
 //! zygote serves again only after `D`. The child enters its own
 //! Landlock domain first: writes only beneath its call directory, no
-//! signal, ptrace or abstract socket outside the domain. A child that cannot
-//! do so fails the call's set-up (fail closed) and the pool turns to
+//! signal, ptrace or abstract socket outside the domain; then it becomes
+//! `nobody`, so that it cannot change the mode, owner, times or xattrs of
+//! the zygote's files either (Landlock does not guard those). A child that
+//! cannot do so fails the call's set-up (fail closed) and the pool turns to
 //! one-use workers for python.
 //!
 //! A zygote serves one call at a time; the node writes the call's files

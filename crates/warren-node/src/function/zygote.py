@@ -40,6 +40,11 @@ WRITE_FILE, TRUNCATE, IOCTL_DEV = 1 << 1, 1 << 14, 1 << 15
 WRITE_CLASS = WRITE_FILE | sum(1 << b for b in range(4, 14)) | TRUNCATE | IOCTL_DEV
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1, 2
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full")
+# Who a call runs as: not root. Landlock covers writes, not a file's mode,
+# owner, times or extended attributes; root inside the sandbox owns the
+# image's files and could change those of the fork server's (a mark the
+# next call reads, or `chmod 0 /bin/sh` for it). `nobody` owns none.
+CALL_UID = CALL_GID = 65534
 SETUP_FAILED = 127
 # A leader's exit status when the node closed the channel: the zygote ends.
 LEADER_EOF = 3
@@ -127,6 +132,37 @@ def enter_own_domain(call_dir):
     restrict(new_ruleset(), call_dir)
 
 
+def give_call_dir(call_dir):
+    """Hands the call directory and the files the node wrote there to the
+    call's user (only the node wrote in it: the call has not started)."""
+    os.chown(call_dir, CALL_UID, CALL_GID, follow_symlinks=False)
+    for parent, dirs, files in os.walk(call_dir):
+        for name in dirs + files:
+            os.chown(os.path.join(parent, name), CALL_UID, CALL_GID, follow_symlinks=False)
+
+
+def drop_root():
+    """Becomes the call's user, which leaves every capability behind, and
+    checks that it did."""
+    os.setgroups([])
+    os.setresgid(CALL_GID, CALL_GID, CALL_GID)
+    os.setresuid(CALL_UID, CALL_UID, CALL_UID)
+    if os.getresuid() != (CALL_UID,) * 3 or os.getresgid() != (CALL_GID,) * 3:
+        raise OSError("the call is still root")
+    fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        status = read_all(fd)
+    finally:
+        os.close(fd)
+    caps = [line for line in status.splitlines() if line.startswith((b"CapEff:", b"CapPrm:"))]
+    if len(caps) != 2 or any(int(line.split()[1], 16) for line in caps):
+        raise OSError("the call kept capabilities: %r" % caps)
+    # A change of user made the process non-dumpable. The zygote and
+    # leaders stay so (a call cannot read their /proc/<pid>/environ or
+    # mem); the call is dumpable, like `python3 -c` (its own /proc/self).
+    prctl(PR_SET_DUMPABLE, 1)
+
+
 def exit_code_of(e):
     code = e.code
     if code is None:
@@ -181,11 +217,6 @@ def run_child(req_r, fds, status_w):
                 os.close(fd)
         except OSError:
             pass
-        # The zygote and leaders are not dumpable (so a call cannot read
-        # their /proc/<pid>/environ or mem); the call is, like `python3 -c`.
-        # Nothing else of the call's runs yet (the last call's processes are
-        # gone before this child is forked).
-        prctl(PR_SET_DUMPABLE, 1)
         # fd 0 is closed until this dup2: the ruleset must not take it.
         os.dup2(in_r, 0)
         os.dup2(out_w, 1)
@@ -203,7 +234,9 @@ def run_child(req_r, fds, status_w):
         req = json.loads(payload)
         cwd = req["cwd"]
         os.chdir(cwd)
+        give_call_dir(cwd)
         restrict(ruleset, cwd)
+        drop_root()
         os.write(status_w, b"ok")
         os.closerange(3, 1 << 20)
     except BaseException as e:
