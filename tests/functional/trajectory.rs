@@ -311,3 +311,70 @@ async fn replay_reruns_the_steps_in_a_fresh_sandbox_and_reports_each() {
     assert_eq!(trajectory_ok(&server, &report.sandbox_id).await.steps.len(), 4);
     server.finish().await;
 }
+
+/// Files in the sandbox's trajectory data directory (kept outputs and
+/// uploads).
+fn data_files(server: &TestServer, id: &str) -> usize {
+    std::fs::read_dir(server.data_dir().join("trajectory").join(id)).map_or(0, |d| d.count())
+}
+
+/// A sandbox keeps its newest finished outputs up to the node's budget
+/// (here 1 MiB): the oldest exec's output is dropped from its result
+/// (`output_expired`) and from its step (`output_ref: expired`, the data
+/// file gone), its status and exit stay, a re-issued step answers without
+/// it; the ledger is rebuilt after a restart. Without the budget every
+/// exec's output stays on the node's disk however many there are.
+#[tokio::test]
+async fn a_sandbox_keeps_only_its_newest_outputs_up_to_the_budget() {
+    let mut server = TestServer::start_with(&["--exec-output-retention-mib", "1"]).await;
+    let sb = server.create_small().await;
+    // 400 KiB each, of a different byte (one data file each).
+    let print = |c: char| format!("head -c 409600 /dev/zero | tr '\\0' {c}; exit 7");
+    let mut execs = Vec::new();
+    for (n, c) in ['a', 'b', 'c', 'd'].into_iter().enumerate() {
+        let answer = exec_step(&server, &sb.id, Some(n as u64 + 1), &print(c)).await;
+        assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
+        execs.push(end_result(&answer.frames()).exec_id.clone());
+    }
+    // An exec's answer ends before its record is committed (and the older
+    // outputs dropped in that commit).
+    wait_expired(&server, &sb.id, &execs[1]).await;
+    for (n, exec_id) in execs.iter().enumerate() {
+        let r = server.get_exec(&sb.id, exec_id).await;
+        assert_eq!((r.status, r.exit_code), (ExecStatus::Ok, Some(7)), "exec {n}: {r:?}");
+        // a, b, c: 1.2 MiB > 1 MiB drops a; d drops b.
+        let expired = n < 2;
+        assert_eq!(r.output_expired, expired, "exec {n}");
+        assert_eq!(r.output.map(|o| o.stdout.total_bytes), (!expired).then_some(409600), "exec {n}");
+    }
+    let log = trajectory_ok(&server, &sb.id).await;
+    let refs: Vec<Option<String>> =
+        log.steps.iter().map(|s| s.result.as_ref().and_then(|r| r.output_ref.clone())).collect();
+    assert_eq!(refs[..2], [Some("expired".to_string()), Some("expired".to_string())], "{refs:?}");
+    assert!(refs[2..].iter().all(|r| r.as_deref().is_some_and(|r| r.starts_with("sha256:"))), "{refs:?}");
+    assert_eq!(data_files(&server, &sb.id), 2, "the dropped outputs' data files are removed");
+    // The step is still logged: re-issued, it answers from the log, without output.
+    let again = exec_step(&server, &sb.id, Some(1), &print('a')).await;
+    let frames = again.frames();
+    assert!(frames.iter().all(|f| !matches!(f, ExecFrame::Output { .. })), "{frames:?}");
+    assert!(end_result(&frames).output_expired && end_result(&frames).exit_code == Some(7), "{frames:?}");
+
+    // After a restart the ledger comes back from the store: the next
+    // output drops c's.
+    server.restart().await;
+    let answer = exec_step(&server, &sb.id, Some(5), &print('e')).await;
+    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
+    wait_expired(&server, &sb.id, &execs[2]).await;
+    assert!(!server.get_exec(&sb.id, &execs[3]).await.output_expired);
+    assert_eq!(data_files(&server, &sb.id), 2);
+    server.finish().await;
+}
+
+/// Waits (bounded) until the exec's output is dropped.
+async fn wait_expired(server: &TestServer, id: &str, exec_id: &str) {
+    let deadline = Instant::now() + WAIT;
+    while !server.get_exec(id, exec_id).await.output_expired {
+        assert!(Instant::now() < deadline, "{exec_id}'s output was not dropped; log:\n{}", server.log_tail(30));
+        sleep(Duration::from_millis(50)).await;
+    }
+}

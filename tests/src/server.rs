@@ -232,6 +232,9 @@ impl TestServer {
             .args(self.landlock_audit_args())
             .env("WARREN_LOG", std::env::var("WARREN_LOG").unwrap_or_else(|_| "info".into()))
             .env("NO_COLOR", "1")
+            // A VM boot the node gives up on logs its guest's console; with
+            // the boot steps on it, that log says where the guest stood.
+            .env("WARREN_VM_BOOTTRACE", std::env::var("WARREN_VM_BOOTTRACE").unwrap_or_else(|_| "1".into()))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup the log fd"))
             .stderr(log)

@@ -180,6 +180,12 @@ pub struct ExecResult {
     /// stream's `end` frame, whose output came as frames.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<ExecOutput>,
+    /// The node no longer keeps this exec's output (so `output` is absent):
+    /// it keeps a sandbox's newest finished outputs up to a budget
+    /// (`warren serve --exec-output-retention-mib`) and drops the oldest
+    /// beyond it. Status, exit and timings stay.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_expired: bool,
 }
 
 /// Query of `GET .../exec/{exec_id}/stream`.

@@ -84,7 +84,9 @@ pub struct StepResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stderr_bytes: Option<u64>,
     /// Where the captured output is kept: `inline` (in the log entry) or
-    /// `sha256:<hex>`, a data file under the server's data directory.
+    /// `sha256:<hex>`, a data file under the server's data directory; or
+    /// `expired`: dropped past the sandbox's output budget (`warren serve
+    /// --exec-output-retention-mib`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_ref: Option<String>,
     /// Other steps: the call's JSON answer (a `FileStat`, a `SessionInfo`,

@@ -169,6 +169,7 @@ impl ExecEntry {
             ended_at_ms: None,
             session_id: self.session_id.clone(),
             output: None,
+            output_expired: false,
         });
         if with_output {
             r.output = Some(ExecOutput { stdout: st.stdout.to_output(), stderr: st.stderr.to_output() });
@@ -195,6 +196,7 @@ impl ExecEntry {
                 ended_at_ms: Some(now_ms()),
                 session_id: self.session_id.clone(),
                 output: None,
+                output_expired: false,
             });
         }
         self.bump();

@@ -39,6 +39,7 @@ mod phase;
 mod pool;
 mod projects;
 mod records;
+mod retention;
 mod steer;
 mod tamper;
 pub mod trajectory;
@@ -143,6 +144,9 @@ pub struct NodeConfig {
     /// A sandbox's trajectory log is deleted this long after the sandbox
     /// ended (it outlives the sandbox's own record).
     pub trajectory_retention: Duration,
+    /// Captured output of finished execs a sandbox keeps on the node (exec
+    /// results and trajectory) before the oldest outputs are dropped.
+    pub exec_output_retention_bytes: u64,
     /// Sandbox ids are `<prefix>-<16 hex digits>`: [`SANDBOX_ID_PREFIX`]
     /// alone, or `sb-<node name>` on a cluster's node, so that any API
     /// server can tell a sandbox's node from its id.
@@ -157,6 +161,12 @@ pub struct NodeConfig {
 
 /// The default [`NodeConfig::sandbox_id_prefix`].
 pub const SANDBOX_ID_PREFIX: &str = "sb";
+
+/// Default of [`NodeConfig::exec_output_retention_bytes`], MiB: eight execs'
+/// whole default capture (1 MiB per stream). Stored, an output takes about
+/// twice its size in the exec record (text and base64) and again in the
+/// trajectory.
+pub const DEFAULT_EXEC_OUTPUT_RETENTION_MIB: u64 = 16;
 
 /// Default of [`NodeConfig::ended_retention`]: one hour.
 pub const DEFAULT_ENDED_RETENTION_SECS: u64 = 3600;
@@ -247,6 +257,8 @@ struct Live {
     phase_switch: tokio::sync::Mutex<()>,
     /// The limit counters the reaper saw last.
     limits: Mutex<limits::LimitWatch>,
+    /// The finished execs' outputs it keeps on the node (see `retention`).
+    outputs: Mutex<retention::OutputLedger>,
     /// Since when every probe found PID 1 there but not answering.
     unanswered_since: Mutex<Option<std::time::Instant>>,
     /// A probe of this sandbox is in flight; the reaper starts no second one.
@@ -277,6 +289,7 @@ impl Live {
             timeline: Mutex::new(events::Timeline::default()),
             phase_switch: tokio::sync::Mutex::new(()),
             limits: Mutex::new(limits::LimitWatch::default()),
+            outputs: Mutex::new(retention::OutputLedger::default()),
             unanswered_since: Mutex::new(None),
             probing: AtomicBool::new(false),
             probes: AtomicU64::new(0),
@@ -932,19 +945,25 @@ impl Node {
     /// result: one commit.
     fn persist_exec_end(&self, sandbox_id: &str, entry: &ExecEntry, step: Option<u64>) {
         let result = entry.result(true);
+        let bytes = result.output.as_ref().map_or(0, retention::kept_bytes);
         let mut writes = Vec::with_capacity(2);
         match warren_store::Write::json(Table::Execs, format!("{sandbox_id}/{}", entry.id), &result) {
             Ok(w) => writes.push(w),
             Err(e) => tracing::error!(exec = %entry.id, "cannot encode exec result: {e}"),
         }
+        let mut data_file = None;
         if let Some(step) = step {
             match self.finished_exec_step(sandbox_id, step, result) {
-                Ok(Some(w)) => writes.push(w),
+                Ok(Some((w, file))) => {
+                    writes.push(w);
+                    data_file = file;
+                }
                 Ok(None) => {}
                 Err(e) => tracing::error!(exec = %entry.id, step, "cannot record an exec step's result: {e}"),
             }
         }
-        if let Err(e) = self.store().apply(&writes) {
+        let output = retention::KeptOutput { exec_id: entry.id.clone(), step, data_file, bytes };
+        if let Err(e) = self.commit_exec_end(sandbox_id, &mut writes, output) {
             tracing::error!(exec = %entry.id, "cannot persist exec result: {e}");
         }
     }

@@ -17,7 +17,9 @@
 //! and the bytes of uploads up to [`KEEP_UPLOAD_BYTES`] (so a replay can
 //! write them again) are data files under `<data_dir>/trajectory/<sandbox>/`,
 //! named by their sha256. The log outlives the sandbox by the node's
-//! `trajectory_retention`.
+//! `trajectory_retention`. Exec output counts against the sandbox's output
+//! budget (see `retention`): past it the oldest steps' output is dropped
+//! (`output_ref: expired`) and its data file removed.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -43,6 +45,15 @@ use crate::{now_ms, ExecEntry, Node, NodeError, Result};
 
 mod replay;
 
+/// An exec's step and the data file holding its output, if any.
+#[derive(Debug, Clone)]
+pub(crate) struct ExecStep {
+    pub step: u64,
+    pub data_file: Option<String>,
+}
+
+/// A step's `output_ref` once its output was dropped (see `retention`).
+pub const EXPIRED_OUTPUT: &str = "expired";
 /// Captured output up to this size (as JSON) stays in the log entry.
 pub const INLINE_OUTPUT_BYTES: usize = 8 << 10;
 /// Uploads up to this size are kept for replay; larger ones are logged by
@@ -228,6 +239,7 @@ fn running_exec(exec_id: &str, session_id: Option<&str>) -> ExecResult {
         ended_at_ms: None,
         session_id: session_id.map(str::to_string),
         output: None,
+        output_expired: false,
     }
 }
 
@@ -521,7 +533,7 @@ impl Node {
 
     fn finish_exec_step(&self, sandbox: &str, step: u64, result: ExecResult) -> Result<()> {
         match self.finished_exec_step(sandbox, step, result)? {
-            Some(write) => Ok(self.store().apply(&[write])?),
+            Some((write, _)) => Ok(self.store().apply(&[write])?),
             None => Ok(()),
         }
     }
@@ -530,8 +542,14 @@ impl Node {
     /// if the step is gone); its large output goes to a data file first.
     /// The exec's own final record is committed with it (see
     /// [`Node::exec_logged`]). Until then a reader of the log sees the step
-    /// settled from the exec itself: see [`Node::settled`].
-    pub(crate) fn finished_exec_step(&self, sandbox: &str, step: u64, mut result: ExecResult) -> Result<Option<Write>> {
+    /// settled from the exec itself: see [`Node::settled`]. With the write
+    /// comes the data file's `output_ref` (`sha256:<hex>`), if one was made.
+    pub(crate) fn finished_exec_step(
+        &self,
+        sandbox: &str,
+        step: u64,
+        mut result: ExecResult,
+    ) -> Result<Option<(Write, Option<String>)>> {
         let mut summary = exec_step_result(&result);
         if let Some(output) = result.output.take() {
             let json = serde_json::to_vec(&output).map_err(|e| NodeError::Internal(e.to_string()))?;
@@ -550,9 +568,51 @@ impl Node {
         };
         r.step.state = StepState::Done;
         r.step.ended_at_ms = result.ended_at_ms.or(Some(now_ms()));
+        let data_file = summary.output_ref.clone().filter(|r| r.starts_with("sha256:"));
         r.step.result = Some(summary);
         r.exec = Some(result);
+        Ok(Some((Write::json(Table::TrajectorySteps, key, &r)?, data_file)))
+    }
+
+    /// The write that drops a step's kept output (see `retention`): its
+    /// `output_ref` becomes `expired`. `None` if the step is gone.
+    pub(crate) fn expire_step_output(&self, sandbox: &str, step: u64) -> Result<Option<Write>> {
+        let key = step_key(sandbox, step);
+        let Some(mut r) = self.store().get_json::<StepRecord>(Table::TrajectorySteps, &key)? else {
+            return Ok(None);
+        };
+        if let Some(exec) = r.exec.as_mut() {
+            exec.output = None;
+            exec.output_expired = true;
+        }
+        if let Some(result) = r.step.result.as_mut().filter(|res| res.output_ref.is_some()) {
+            result.output_ref = Some(EXPIRED_OUTPUT.into());
+        }
         Ok(Some(Write::json(Table::TrajectorySteps, key, &r)?))
+    }
+
+    /// Each exec step's exec id, with its step and data file.
+    pub(crate) fn exec_steps(&self, sandbox: &str) -> Result<std::collections::HashMap<String, ExecStep>> {
+        let mut steps = std::collections::HashMap::new();
+        for (_, rec) in self.store().list_json::<StepRecord>(Table::TrajectorySteps, &format!("{sandbox}/"))? {
+            let Some(result) = rec.step.result.as_ref() else { continue };
+            if let Some(exec_id) = result.exec_id.clone() {
+                let data_file = result.output_ref.clone().filter(|r| r.starts_with("sha256:"));
+                steps.insert(exec_id, ExecStep { step: rec.step.step, data_file });
+            }
+        }
+        Ok(steps)
+    }
+
+    /// Removes a data file (`sha256:<hex>`) no step refers to any more.
+    pub(crate) fn remove_trajectory_data_file(&self, sandbox: &str, output_ref: &str) {
+        let Some(name) = output_ref.strip_prefix("sha256:") else { return };
+        let path = self.trajectory_dir(sandbox).join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(sandbox, path = %path.display(), "cannot remove an expired output: {e}"),
+        }
     }
 
     fn write_data_file(&self, sandbox: &str, name: &str, bytes: &[u8]) -> Result<()> {
@@ -833,6 +893,7 @@ impl Node {
                             ended_at_ms: Some(now_ms()),
                             session_id: None,
                             output: None,
+                            output_expired: false,
                         });
                         if result.status == ExecStatus::Running {
                             result.status = ExecStatus::Killed;

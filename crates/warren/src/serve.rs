@@ -120,6 +120,12 @@ pub struct ServeArgs {
     /// after the sandbox ended.
     #[arg(long, default_value_t = warren_node::trajectory::DEFAULT_TRAJECTORY_RETENTION_SECS)]
     pub trajectory_retention_secs: u64,
+    /// Finished execs' captured output a sandbox may have kept on this node
+    /// (its exec results and trajectory), in MiB: past it the oldest
+    /// outputs are dropped (`output_expired`), their results kept. The
+    /// newest exec's output is always kept.
+    #[arg(long, default_value_t = warren_node::DEFAULT_EXEC_OUTPUT_RETENTION_MIB)]
+    pub exec_output_retention_mib: u64,
     /// How long (ms) a create may take before it is abandoned, what it made
     /// removed, and the caller answered 504 `timed_out`.
     #[arg(long, default_value_t = warren_node::DEFAULT_CREATE_TIMEOUT.as_millis() as u64)]
@@ -245,6 +251,7 @@ impl ServeArgs {
             layer_fill_threads: warren_image::cache::DEFAULT_FILL_THREADS,
             ended_retention_secs: warren_node::DEFAULT_ENDED_RETENTION_SECS,
             trajectory_retention_secs: warren_node::trajectory::DEFAULT_TRAJECTORY_RETENTION_SECS,
+            exec_output_retention_mib: warren_node::DEFAULT_EXEC_OUTPUT_RETENTION_MIB,
             create_timeout_ms: warren_node::DEFAULT_CREATE_TIMEOUT.as_millis() as u64,
             sandbox_net: None,
             sandbox_net6: None,
@@ -411,6 +418,7 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
             blob_store: blob_store_config(args)?,
             ended_retention: std::time::Duration::from_secs(args.ended_retention_secs),
             trajectory_retention: std::time::Duration::from_secs(args.trajectory_retention_secs),
+            exec_output_retention_bytes: args.exec_output_retention_mib.saturating_mul(1 << 20),
             create_timeout: std::time::Duration::from_millis(args.create_timeout_ms),
             network: warren_node::NetworkOptions {
                 pool: args.sandbox_net.clone(),

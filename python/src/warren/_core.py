@@ -661,6 +661,7 @@ class ExecStream:
             stderr_total_bytes=err.total,
             stdout_dropped_bytes=out.dropped,
             stderr_dropped_bytes=err.dropped,
+            output_expired=r.get("output_expired", False),
         )
 
 
@@ -686,4 +687,5 @@ def exec_result_from_json(r: Mapping[str, Any]) -> ExecResult:
         stderr_total_bytes=err.get("total_bytes", 0),
         stdout_dropped_bytes=out.get("dropped_bytes", 0),
         stderr_dropped_bytes=err.get("dropped_bytes", 0),
+        output_expired=r.get("output_expired", False),
     )

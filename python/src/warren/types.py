@@ -206,6 +206,9 @@ class ExecResult:
     stderr_total_bytes: int = 0
     stdout_dropped_bytes: int = 0
     stderr_dropped_bytes: int = 0
+    #: The node no longer keeps this exec's output (an older exec of a
+    #: sandbox past the server's ``--exec-output-retention-mib``).
+    output_expired: bool = False
 
     @property
     def stdout(self) -> str:
