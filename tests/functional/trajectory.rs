@@ -337,7 +337,9 @@ async fn a_sandbox_keeps_only_its_newest_outputs_up_to_the_budget() {
         execs.push(end_result(&answer.frames()).exec_id.clone());
     }
     // An exec's answer ends before its record is committed (and the older
-    // outputs dropped in that commit).
+    // outputs dropped after it), and the records of execs run one after
+    // the other may be committed in another order.
+    wait_expired(&server, &sb.id, &execs[0]).await;
     wait_expired(&server, &sb.id, &execs[1]).await;
     for (n, exec_id) in execs.iter().enumerate() {
         let r = server.get_exec(&sb.id, exec_id).await;

@@ -935,7 +935,7 @@ impl Node {
     }
 
     fn persist_exec(&self, sandbox_id: &str, entry: &ExecEntry) {
-        let result = entry.result(true);
+        let result = records::without_text(entry.result(true));
         if let Err(e) = self.store().put_json(Table::Execs, &format!("{sandbox_id}/{}", entry.id), &result) {
             tracing::error!(exec = %entry.id, "cannot persist exec result: {e}");
         }
@@ -945,8 +945,9 @@ impl Node {
     /// result: one commit.
     fn persist_exec_end(&self, sandbox_id: &str, entry: &ExecEntry, step: Option<u64>) {
         let result = entry.result(true);
-        let bytes = result.output.as_ref().map_or(0, retention::kept_bytes);
+        let (bytes, started_at_ms) = (result.output.as_ref().map_or(0, retention::kept_bytes), result.started_at_ms);
         let mut writes = Vec::with_capacity(2);
+        let result = records::without_text(result);
         match warren_store::Write::json(Table::Execs, format!("{sandbox_id}/{}", entry.id), &result) {
             Ok(w) => writes.push(w),
             Err(e) => tracing::error!(exec = %entry.id, "cannot encode exec result: {e}"),
@@ -962,8 +963,8 @@ impl Node {
                 Err(e) => tracing::error!(exec = %entry.id, step, "cannot record an exec step's result: {e}"),
             }
         }
-        let output = retention::KeptOutput { exec_id: entry.id.clone(), step, data_file, bytes };
-        if let Err(e) = self.commit_exec_end(sandbox_id, &mut writes, output) {
+        let output = retention::KeptOutput { exec_id: entry.id.clone(), started_at_ms, step, data_file, bytes };
+        if let Err(e) = self.commit_exec_end(sandbox_id, &writes, output) {
             tracing::error!(exec = %entry.id, "cannot persist exec result: {e}");
         }
     }
@@ -988,6 +989,7 @@ impl Node {
     fn stored_exec(&self, id: &str, exec_id: &str) -> Result<ExecResult> {
         self.store()
             .get_json::<ExecResult>(Table::Execs, &format!("{id}/{exec_id}"))?
+            .map(records::with_text)
             .ok_or_else(|| NodeError::ExecNotFound(exec_id.to_string()))
     }
 

@@ -3,11 +3,51 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use warren_api::{CreateSandboxRequest, ExecFrame, ExecResult, ImageInfo, SandboxInfo, SessionInfo, StreamName};
+use warren_api::{
+    CreateSandboxRequest, ExecFrame, ExecOutput, ExecResult, ImageInfo, SandboxInfo, SessionInfo, StreamName,
+};
 use warren_backend::SandboxHandle;
 
 use crate::capture::Capture;
 use crate::exec::push_frames;
+
+/// An exec result as stored (exec records, trajectory steps and their data
+/// files): its output without `text`, which is the lossy UTF-8 decoding of
+/// `data_b64` and is made again by [`with_text`] on reading. The text was
+/// most of a stored output (a megabyte of it took 2.3 MB as JSON).
+pub fn without_text(mut result: ExecResult) -> ExecResult {
+    if let Some(output) = result.output.as_mut() {
+        output_without_text(output);
+    }
+    result
+}
+
+/// [`without_text`] for an output alone.
+pub fn output_without_text(output: &mut ExecOutput) {
+    output.stdout.text.clear();
+    output.stderr.text.clear();
+}
+
+/// A stored result as the API answers it: see [`without_text`]. A record
+/// stored with its text (by an earlier version) is left as it is.
+pub fn with_text(mut result: ExecResult) -> ExecResult {
+    if let Some(output) = result.output.as_mut() {
+        output_with_text(output);
+    }
+    result
+}
+
+/// [`with_text`] for an output alone.
+pub fn output_with_text(output: &mut ExecOutput) {
+    use base64::Engine as _;
+    for stream in [&mut output.stdout, &mut output.stderr] {
+        if stream.text.is_empty() && !stream.data_b64.is_empty() {
+            if let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(&stream.data_b64) {
+                stream.text = String::from_utf8_lossy(&bytes).into_owned();
+            }
+        }
+    }
+}
 
 /// One sandbox, keyed by id in [`Table::Sandboxes`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -107,5 +147,35 @@ pub fn observed(e: warren_backend::SecurityEvent) -> crate::events::Observed {
         syscall: e.syscall,
         detail: e.detail,
         time_ms: e.time_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn captured(bytes: &[u8]) -> warren_api::CapturedOutput {
+        use base64::Engine as _;
+        warren_api::CapturedOutput {
+            text: String::from_utf8_lossy(bytes).into_owned(),
+            data_b64: base64::engine::general_purpose::STANDARD.encode(bytes),
+            total_bytes: bytes.len() as u64,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_stored_output_loses_its_text_and_gets_the_same_back() {
+        let output = ExecOutput { stdout: captured("héllo\n".as_bytes()), stderr: captured(b"bad \xff byte") };
+        let mut stored = output.clone();
+        output_without_text(&mut stored);
+        assert_eq!((stored.stdout.text.as_str(), stored.stderr.text.as_str()), ("", ""));
+        assert!(serde_json::to_vec(&stored).unwrap().len() < serde_json::to_vec(&output).unwrap().len());
+        output_with_text(&mut stored);
+        assert_eq!(stored, output);
+        // A record an earlier version stored with its text reads the same.
+        let mut legacy = output.clone();
+        output_with_text(&mut legacy);
+        assert_eq!(legacy, output);
     }
 }

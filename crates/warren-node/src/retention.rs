@@ -22,6 +22,8 @@ use crate::{Node, Result};
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct KeptOutput {
     pub exec_id: String,
+    /// Outputs are dropped in the order their execs started.
+    pub started_at_ms: u64,
     /// Its trajectory step, if it has one.
     pub step: Option<u64>,
     /// The trajectory's data file holding the output (`sha256:<hex>`), if any.
@@ -39,11 +41,16 @@ pub(crate) struct OutputLedger {
 
 impl OutputLedger {
     /// Adds `output` and returns what must be dropped, oldest first, for
-    /// the total to fit `budget`. The newest output is never dropped, so a
-    /// client can still fetch the exec it just ran, however large.
+    /// the total to fit `budget`. The newest exec's output is never dropped,
+    /// so a client can still fetch the exec it just ran, however large.
+    /// Execs end (and are added) in any order; they are dropped in the
+    /// order they started, so that which outputs stay does not depend on
+    /// which exec's record happened to be written first.
     fn keep(&mut self, output: KeptOutput, budget: u64) -> Vec<KeptOutput> {
         self.total += output.bytes;
-        self.kept.push_back(output);
+        let order = |k: &KeptOutput| (k.started_at_ms, k.exec_id.clone());
+        let at = self.kept.partition_point(|k| order(k) <= order(&output));
+        self.kept.insert(at, output);
         let mut dropped = Vec::new();
         while self.total > budget && self.kept.len() > 1 {
             if let Some(oldest) = self.kept.pop_front() {
@@ -66,29 +73,35 @@ pub(crate) fn kept_bytes(output: &ExecOutput) -> u64 {
 }
 
 impl Node {
-    /// Commits an ended exec's `writes` (its final record, its step) and,
-    /// in the same commit, drops the oldest outputs the sandbox keeps past
-    /// the budget. `output` describes the exec's own output.
-    pub(crate) fn commit_exec_end(&self, sandbox: &str, writes: &mut Vec<Write>, output: KeptOutput) -> Result<()> {
+    /// Commits an ended exec's `writes` (its final record, its step), then
+    /// drops the oldest outputs the sandbox keeps past the budget (a second
+    /// commit, only when there are some; it may be this exec's own, if a
+    /// later-started exec ended first). `output` describes the exec's own.
+    pub(crate) fn commit_exec_end(&self, sandbox: &str, writes: &[Write], output: KeptOutput) -> Result<()> {
         let live = self.live_map().get(sandbox).cloned();
         let Some(live) = live.filter(|_| output.bytes > 0) else {
             return Ok(self.store().apply(writes)?);
         };
-        // Held across the commit: two execs ending at once must not each
+        // Held across both commits: two execs ending at once must not each
         // drop an output the other's commit writes back.
         let mut ledger = live.outputs.lock().unwrap_or_else(|p| p.into_inner());
         if !ledger.loaded {
             *ledger = self.load_ledger(sandbox, &output.exec_id)?;
         }
+        self.store().apply(writes)?;
         let dropped = ledger.keep(output, self.inner.cfg.exec_output_retention_bytes);
+        if dropped.is_empty() {
+            return Ok(());
+        }
+        let mut expiring = Vec::new();
         let mut files = Vec::new();
         for old in &dropped {
-            writes.extend(self.expire_output(sandbox, old)?);
+            expiring.extend(self.expire_output(sandbox, old)?);
             if let Some(name) = old.data_file.as_deref().filter(|n| !ledger.holds_data_file(n)) {
                 files.push(name.to_string());
             }
         }
-        self.store().apply(writes)?;
+        self.store().apply(&expiring)?;
         for name in files {
             self.remove_trajectory_data_file(sandbox, &name);
         }
@@ -116,7 +129,7 @@ impl Node {
     /// `skip` (the exec being added) is left out.
     fn load_ledger(&self, sandbox: &str, skip: &str) -> Result<OutputLedger> {
         let steps = self.exec_steps(sandbox)?;
-        let mut found: Vec<(u64, KeptOutput)> = Vec::new();
+        let mut found: Vec<KeptOutput> = Vec::new();
         for (_, r) in self.store().list_json::<ExecResult>(Table::Execs, &format!("{sandbox}/"))? {
             // A running exec's record comes back through here when it ends.
             if r.exec_id == skip || r.status == ExecStatus::Running {
@@ -130,10 +143,11 @@ impl Node {
                 Some(s) => (Some(s.step), s.data_file.clone()),
                 None => (None, None),
             };
-            found.push((r.started_at_ms, KeptOutput { exec_id: r.exec_id.clone(), step, data_file, bytes }));
+            let started_at_ms = r.started_at_ms;
+            found.push(KeptOutput { exec_id: r.exec_id.clone(), started_at_ms, step, data_file, bytes });
         }
-        found.sort_by(|a, b| (a.0, &a.1.exec_id).cmp(&(b.0, &b.1.exec_id)));
-        let kept: VecDeque<KeptOutput> = found.into_iter().map(|(_, k)| k).collect();
+        found.sort_by(|a, b| (a.started_at_ms, &a.exec_id).cmp(&(b.started_at_ms, &b.exec_id)));
+        let kept: VecDeque<KeptOutput> = found.into();
         Ok(OutputLedger { loaded: true, total: kept.iter().map(|k| k.bytes).sum(), kept })
     }
 }
@@ -142,8 +156,23 @@ impl Node {
 mod tests {
     use super::*;
 
+    /// Execs are named by when they started: "a" before "b".
     fn out(id: &str, bytes: u64, file: Option<&str>) -> KeptOutput {
-        KeptOutput { exec_id: id.into(), step: None, data_file: file.map(Into::into), bytes }
+        let started_at_ms = u64::from(id.as_bytes()[0]);
+        KeptOutput { exec_id: id.into(), started_at_ms, step: None, data_file: file.map(Into::into), bytes }
+    }
+
+    #[test]
+    fn outputs_go_in_the_order_their_execs_started_whatever_order_they_ended() {
+        let mut ledger = OutputLedger::default();
+        let mut dropped: Vec<String> = Vec::new();
+        // a started first and ended last: its own output goes at once.
+        for id in ["b", "c", "d", "a"] {
+            dropped.extend(ledger.keep(out(id, 40, None), 100).into_iter().map(|k| k.exec_id));
+        }
+        assert_eq!(dropped, ["b", "a"]);
+        let kept: Vec<&str> = ledger.kept.iter().map(|k| k.exec_id.as_str()).collect();
+        assert_eq!(kept, ["c", "d"]);
     }
 
     #[test]

@@ -40,7 +40,7 @@ use warren_api::{
 };
 use warren_store::{StateStoreExt, Table, Write};
 
-use crate::records::SandboxRecord;
+use crate::records::{self, SandboxRecord};
 use crate::{now_ms, ExecEntry, Node, NodeError, Result};
 
 mod replay;
@@ -551,7 +551,8 @@ impl Node {
         mut result: ExecResult,
     ) -> Result<Option<(Write, Option<String>)>> {
         let mut summary = exec_step_result(&result);
-        if let Some(output) = result.output.take() {
+        if let Some(mut output) = result.output.take() {
+            records::output_without_text(&mut output);
             let json = serde_json::to_vec(&output).map_err(|e| NodeError::Internal(e.to_string()))?;
             if json.len() <= INLINE_OUTPUT_BYTES {
                 summary.output_ref = Some("inline".into());
@@ -649,7 +650,7 @@ impl Node {
                 result.output = Some(output);
             }
         }
-        Ok(result)
+        Ok(records::with_text(result))
     }
 
     /// Joins a step another call is running: its live exec once it has
