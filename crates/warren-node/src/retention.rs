@@ -48,8 +48,7 @@ impl OutputLedger {
     /// which exec's record happened to be written first.
     fn keep(&mut self, output: KeptOutput, budget: u64) -> Vec<KeptOutput> {
         self.total += output.bytes;
-        let order = |k: &KeptOutput| (k.started_at_ms, k.exec_id.clone());
-        let at = self.kept.partition_point(|k| order(k) <= order(&output));
+        let at = self.kept.partition_point(|k| start_order(k) <= start_order(&output));
         self.kept.insert(at, output);
         let mut dropped = Vec::new();
         while self.total > budget && self.kept.len() > 1 {
@@ -64,6 +63,11 @@ impl OutputLedger {
     fn holds_data_file(&self, name: &str) -> bool {
         self.kept.iter().any(|k| k.data_file.as_deref() == Some(name))
     }
+}
+
+/// The order outputs are dropped in: by when their execs started.
+fn start_order(k: &KeptOutput) -> (u64, &str) {
+    (k.started_at_ms, &k.exec_id)
 }
 
 /// The bytes of output a result keeps (what the process wrote less what the
@@ -154,7 +158,7 @@ impl Node {
             let started_at_ms = r.started_at_ms;
             found.push(KeptOutput { exec_id: r.exec_id.clone(), started_at_ms, step, data_file, bytes });
         }
-        found.sort_by(|a, b| (a.started_at_ms, &a.exec_id).cmp(&(b.started_at_ms, &b.exec_id)));
+        found.sort_by(|a, b| start_order(a).cmp(&start_order(b)));
         let kept: VecDeque<KeptOutput> = found.into();
         Ok(OutputLedger { loaded: true, total: kept.iter().map(|k| k.bytes).sum(), kept })
     }

@@ -52,6 +52,11 @@ pub(crate) struct ExecStep {
     pub data_file: Option<String>,
 }
 
+/// A step's output data file (`sha256:<hex>`), when its output is in one.
+fn data_file_ref(result: &StepResult) -> Option<String> {
+    result.output_ref.clone().filter(|r| r.starts_with("sha256:"))
+}
+
 /// A step's `output_ref` once its output was dropped (see `retention`).
 pub const EXPIRED_OUTPUT: &str = "expired";
 /// Captured output up to this size (as JSON) stays in the log entry.
@@ -569,7 +574,7 @@ impl Node {
         };
         r.step.state = StepState::Done;
         r.step.ended_at_ms = result.ended_at_ms.or(Some(now_ms()));
-        let data_file = summary.output_ref.clone().filter(|r| r.starts_with("sha256:"));
+        let data_file = data_file_ref(&summary);
         r.step.result = Some(summary);
         r.exec = Some(result);
         Ok(Some((Write::json(Table::TrajectorySteps, key, &r)?, data_file)))
@@ -598,8 +603,7 @@ impl Node {
         for (_, rec) in self.store().list_json::<StepRecord>(Table::TrajectorySteps, &format!("{sandbox}/"))? {
             let Some(result) = rec.step.result.as_ref() else { continue };
             if let Some(exec_id) = result.exec_id.clone() {
-                let data_file = result.output_ref.clone().filter(|r| r.starts_with("sha256:"));
-                steps.insert(exec_id, ExecStep { step: rec.step.step, data_file });
+                steps.insert(exec_id, ExecStep { step: rec.step.step, data_file: data_file_ref(result) });
             }
         }
         Ok(steps)
