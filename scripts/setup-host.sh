@@ -50,18 +50,34 @@ guest_kernel_ok() {
     newest=$(for k in /boot/vmlinuz-*-cloud-amd64; do [ -e "$k" ] && basename "$k" | sed 's/^vmlinuz-//'; done | sort -V | tail -n 1 || true)
     [ -n "$newest" ] && [ "$(printf '%s\n6.12\n' "$newest" | sort -V | head -n 1)" = 6.12 ]
 }
-kernel_release=
+# shellcheck disable=SC1091
+codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+backports=
+use_backports() {
+    [ -e /etc/apt/sources.list.d/warren-backports.sources ] || printf '%s\n' 'Types: deb' \
+        'URIs: http://deb.debian.org/debian' 'Suites: bookworm-backports' 'Components: main' \
+        'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' >/etc/apt/sources.list.d/warren-backports.sources
+    backports=bookworm-backports
+}
+# Packages apt must take from bookworm-backports, in one install of their own.
+from_backports=()
 if ! guest_kernel_ok; then
-    # shellcheck disable=SC1091
-    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
     if [ "$codename" = bookworm ]; then
-        [ -e /etc/apt/sources.list.d/warren-backports.sources ] || printf '%s\n' 'Types: deb' \
-            'URIs: http://deb.debian.org/debian' 'Suites: bookworm-backports' 'Components: main' \
-            'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' >/etc/apt/sources.list.d/warren-backports.sources
-        kernel_release=bookworm-backports
+        use_backports
+        from_backports+=(linux-image-cloud-amd64)
     else
         need+=(linux-image-cloud-amd64)
     fi
+fi
+# QEMU's packages must share one version: a host whose qemu-utils came from
+# bookworm-backports (some machine images ship it) cannot take bookworm's
+# qemu-system-x86 beside it (qemu-utils Breaks the older qemu-system-common).
+if [[ " ${need[*]} " == *" qemu-system-x86 "* && "$codename" = bookworm ]] &&
+    dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null | grep -q 'bpo'; then
+    use_backports
+    from_backports+=(qemu-system-x86)
+    for i in "${!need[@]}"; do [ "${need[$i]}" = qemu-system-x86 ] && unset 'need[i]'; done
+    need=("${need[@]}")
 fi
 # The cluster state store: warren-store-etcd's build compiles etcd's protos
 # (protoc), and its tests start real etcd members (Debian's etcd-server).
@@ -72,8 +88,8 @@ done
 if [ "${WARREN_BENCH:-0}" = 1 ]; then
     [ -x /usr/bin/hyperfine ] || need+=(hyperfine)
 fi
-if [ ${#need[@]} -gt 0 ] || [ -n "$kernel_release" ]; then
-    echo "setup: installing ${need[*]} ${kernel_release:+linux-image-cloud-amd64 from $kernel_release}" >&2
+if [ ${#need[@]} -gt 0 ] || [ ${#from_backports[@]} -gt 0 ]; then
+    echo "setup: installing ${need[*]} ${backports:+${from_backports[*]} from $backports}" >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     # docker-registry's package would start a registry on :5000; the tests
@@ -91,8 +107,8 @@ if [ ${#need[@]} -gt 0 ] || [ -n "$kernel_release" ]; then
         fi
     fi
     if [ ${#need[@]} -gt 0 ]; then apt-get install -y -qq "${need[@]}" >/dev/null; fi
-    if [ -n "$kernel_release" ]; then
-        apt-get install -y -qq -t "$kernel_release" linux-image-cloud-amd64 >/dev/null
+    if [ ${#from_backports[@]} -gt 0 ]; then
+        apt-get install -y -qq -t "$backports" "${from_backports[@]}" >/dev/null
     fi
     if [ "${warren_policy_rc:-0}" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi

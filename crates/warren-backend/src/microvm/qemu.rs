@@ -201,9 +201,46 @@ struct MachineArgs<'a> {
     qemu_uid: Option<u32>,
 }
 
-/// `-runas`'s argument: `uid:gid` (QEMU 7.1 and later), or `nobody`.
+/// The user QEMU drops to: `uid:gid` (QEMU 7.1 and later), or `nobody`.
 fn runas(qemu_uid: Option<u32>) -> String {
     qemu_uid.map_or_else(|| "nobody".to_string(), |uid| format!("{uid}:{uid}"))
+}
+
+/// How a QEMU is told to chroot and drop its user once it has opened its
+/// files: `-chroot DIR -runas USER` until QEMU 9.0 (both gone in 10.0),
+/// `-run-with chroot=DIR,user=USER` from 9.1 (when `-run-with` took
+/// `user=`). Debian 12 ships 7.2, its backports 10.0.
+fn jail_args(cmd: &mut Command, jail: &Path, qemu_uid: Option<u32>) {
+    if qemu_version(cmd.as_std().get_program()) >= (9, 1) {
+        let mut run_with = std::ffi::OsString::from("chroot=");
+        // `-run-with` is a comma-separated option list: a comma in the path doubles.
+        run_with.push(jail.as_os_str().to_string_lossy().replace(',', ",,"));
+        run_with.push(format!(",user={}", runas(qemu_uid)));
+        cmd.arg("-run-with").arg(run_with);
+    } else {
+        cmd.arg("-chroot").arg(jail).args(["-runas", &runas(qemu_uid)]);
+    }
+}
+
+/// `(major, minor)` of the QEMU at `program`, read once per program from
+/// `-version` ("QEMU emulator version 10.0.2 (...)"); `(0, 0)` when it
+/// cannot be read (the older flags, which then fail with QEMU's own error).
+fn qemu_version(program: &std::ffi::OsStr) -> (u32, u32) {
+    static SEEN: std::sync::Mutex<Vec<(std::ffi::OsString, (u32, u32))>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, v)) = seen.iter().find(|(p, _)| p == program) {
+        return *v;
+    }
+    let output = std::process::Command::new(program).arg("-version").stdin(Stdio::null()).output();
+    let version = output.map_or((0, 0), |o| parse_qemu_version(&String::from_utf8_lossy(&o.stdout)));
+    seen.push((program.to_os_string(), version));
+    version
+}
+
+fn parse_qemu_version(banner: &str) -> (u32, u32) {
+    let Some(rest) = banner.split("version ").nth(1) else { return (0, 0) };
+    let mut numbers = rest.split(|c: char| !c.is_ascii_digit()).map(|n| n.parse().unwrap_or(0));
+    (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0))
 }
 
 fn machine_args(cmd: &mut Command, spec: MachineArgs<'_>) {
@@ -216,11 +253,9 @@ fn machine_args(cmd: &mut Command, spec: MachineArgs<'_>) {
         .args(["-cpu", if qemu_accel == Accel::Kvm { "host" } else { TCG_CPU }])
         .args(["-m", &memory_mib.to_string(), "-smp", &vcpus.to_string()])
         .args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"])
-        .args(["-sandbox", "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"])
-        .arg("-chroot")
-        .arg(jail)
-        .args(["-runas", &runas(qemu_uid)])
-        .stdin(Stdio::null())
+        .args(["-sandbox", "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"]);
+    jail_args(cmd, jail, qemu_uid);
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         // A sandbox's QEMU outlives the node process (a restarted node
@@ -316,8 +351,12 @@ pub fn spawn(spec: &VmSpec<'_>) -> Result<(QemuProcess, ConsoleTail)> {
     } else {
         drive_path(spec.writable)?
     };
+    // No image locking on the writable disk: it is this VM's alone, and
+    // QEMU 10 locks the two descriptors of its fd set against each other
+    // when a VM restored from a migration stream takes write access at
+    // `cont` ("Failed to get shared \"write\" lock"); 7.2 did not.
     cmd.arg("-drive")
-        .arg(format!("id=rw,file={writable},format=raw,if=none,cache=unsafe"))
+        .arg(format!("id=rw,file={writable},format=raw,if=none,cache=unsafe,file.locking=off"))
         .args(["-device", &format!("{},drive=rw,serial=wrw", spec.machine.device("virtio-blk"))]);
     if let Some(stream) = spec.incoming {
         let dup = stream.try_clone().map_err(|e| BackendError::io("duplicate the snapshot's descriptor", e))?;
@@ -558,4 +597,34 @@ impl ConsoleTail {
 
 fn boxed<R: AsyncRead + Send + Unpin + 'static>(r: R) -> Box<dyn AsyncRead + Send + Unpin> {
     Box::new(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qemu_versions_are_read_from_the_banner() {
+        assert_eq!(parse_qemu_version("QEMU emulator version 7.2.22 (Debian 1:7.2+dfsg-7+deb12u18+b3)\n"), (7, 2));
+        assert_eq!(parse_qemu_version("QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2)\nCopyright"), (10, 0));
+        assert_eq!(parse_qemu_version("not qemu"), (0, 0));
+        assert!(parse_qemu_version("QEMU emulator version 9.1.0") >= (9, 1));
+    }
+
+    #[test]
+    fn the_jail_flags_follow_the_installed_qemu() {
+        let qemu = Path::new("/usr/bin/qemu-system-x86_64");
+        if !qemu.is_file() {
+            eprintln!("NOTE: no {} here: only the banner parsing is checked", qemu.display());
+            return;
+        }
+        let mut cmd = Command::new(qemu);
+        jail_args(&mut cmd, Path::new("/run/a,b"), Some(1000));
+        let args: Vec<String> = cmd.as_std().get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        if qemu_version(qemu.as_os_str()) >= (9, 1) {
+            assert_eq!(args, ["-run-with", "chroot=/run/a,,b,user=1000:1000"]);
+        } else {
+            assert_eq!(args, ["-chroot", "/run/a,b", "-runas", "1000:1000"]);
+        }
+    }
 }
