@@ -1521,7 +1521,14 @@ fn vcpus(spec: &SandboxSpec) -> u32 {
 /// Starts the mux and pings until init answers, QEMU dies or `limit` passes.
 async fn wait_ready(child: &mut QemuProcess, serial_sock: &Path, ctl_sock: &Path, limit: Duration) -> Result<mux::Mux> {
     let deadline = tokio::time::Instant::now() + limit;
-    let mux = mux::start(serial_sock, ctl_sock, Duration::from_secs(10)).await?;
+    // A QEMU that refuses its command line exits before it makes the port's
+    // socket: that ends the wait at once, with QEMU's words in the console.
+    let mux = tokio::select! {
+        status = child.wait() => {
+            return Err(BackendError::Setup(format!("QEMU exited during boot ({})", status?)));
+        }
+        mux = mux::start(serial_sock, ctl_sock, Duration::from_secs(10)) => mux?,
+    };
     loop {
         let patience = deadline.saturating_duration_since(tokio::time::Instant::now()).min(BOOT_PING_PATIENCE);
         let started = tokio::time::Instant::now();
@@ -1672,6 +1679,18 @@ mod tests {
         assert_eq!(driver.seen("noqmp"), Seen::Running { exited: false, paused: false }, "left as it was");
         assert!(matches!(driver.pause_to_disk(&vm), Err(BackendError::Gone)));
         assert!(!driver.dir("noqmp").join(PAUSED_MEM).exists());
+    }
+
+    /// QEMU 10 refused 7.2's `-chroot` and exited at once; the boot went on
+    /// waiting for a control port nobody would make. The exit ends it.
+    #[tokio::test]
+    async fn a_qemu_that_exits_before_its_port_exists_ends_the_boot_wait() {
+        let run_dir = tempfile::tempdir().unwrap();
+        let mut qemu =
+            QemuProcess::spawned(tokio::process::Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap()).unwrap();
+        let (serial, ctl) = (run_dir.path().join("port.sock"), run_dir.path().join("ctl.sock"));
+        let err = wait_ready(&mut qemu, &serial, &ctl, Duration::from_secs(600)).await.err().unwrap();
+        assert!(err.to_string().contains("QEMU exited during boot"), "{err}");
     }
 
     /// Between pings the reaper asks `probe_idle`: a live QEMU is enough
