@@ -66,7 +66,7 @@ async fn pack_of_a_layered_sandbox_adds_one_diff_layer() {
         .call(
             Method::POST,
             &format!("/v1/sandboxes/{}/pack", sb.id),
-            Some(&json!({"image": "lazysnap", "scrub": ["/work/tmp"]})),
+            Some(&json!({"image": "lazysnap", "scrub": ["/work/tmp", "/usr/bin/wget"]})),
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -76,6 +76,9 @@ async fn pack_of_a_layered_sandbox_adds_one_diff_layer() {
     assert_eq!(server.sh_ok(&child.id, "cat /work/answer; ls /work").await, "solved\nanswer\n");
     let r = server.sh(&child.id, "cat /etc/group").await;
     assert_ne!(r.exit_code, Some(0), "the deletion is carried as a whiteout: {r:?}");
+    let r = server.sh(&child.id, "ls /usr/bin/wget").await;
+    assert_ne!(r.exit_code, Some(0), "a scrubbed path of the lazily loaded base layer is gone: {r:?}");
+    assert_eq!(server.sh_ok(&child.id, "readlink /bin/ls").await, "/bin/busybox\n");
     server.finish().await;
 }
 

@@ -1,6 +1,7 @@
 //! `pack_diff`: a sandbox's writable layer becomes the top layer of a new
 //! image that starts new sandboxes - with deletions, ownership and modes
-//! carried over, and scrubbed paths gone.
+//! carried over, and scrubbed paths gone from the new image (also those
+//! only a lower layer holds).
 
 use reqwest::{Method, StatusCode};
 use serde_json::json;
@@ -22,7 +23,9 @@ async fn a_packed_sandbox_starts_new_sandboxes_with_its_changes() {
         .call(
             Method::POST,
             &format!("/v1/sandboxes/{}/pack", sb.id),
-            Some(&json!({"image": "snap", "scrub": ["/work/build"]})),
+            // `/usr/bin/wget` (an applet's link) and `/etc/passwd` are the base layer's,
+            // which the sandbox never wrote; `/work/build` is its own.
+            Some(&json!({"image": "snap", "scrub": ["/work/build", "/usr/bin/wget", "/root/../etc/passwd"]})),
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -33,10 +36,17 @@ async fn a_packed_sandbox_starts_new_sandboxes_with_its_changes() {
     assert_eq!(out, "fixed\n1234:5678 4750\ncode.py\n", "content, owner and mode carry over; the scrubbed dir is gone");
     let r = server.sh(&child.id, "cat /etc/group").await;
     assert_ne!(r.exit_code, Some(0), "a file deleted in the packed sandbox stays deleted: {r:?}");
-    assert_eq!(server.sh_ok(&child.id, "cat /etc/passwd | head -c 4").await, "root", "base files are still there");
+    let left =
+        server.sh_ok(&child.id, "for p in /usr/bin/wget /etc/passwd; do [ -e $p ] || [ -L $p ] && echo $p; done; true");
+    assert_eq!(left.await, "", "scrubbed paths of the base layer are gone from the new image");
+    assert_eq!(
+        server.sh_ok(&child.id, "readlink /usr/bin/wc; stat -c '%a %u:%g' /usr/bin /etc").await,
+        "/bin/busybox\n755 0:0\n755 0:0\n",
+        "the rest of their directories stays as it was"
+    );
 
     // The source sandbox keeps running and is unchanged.
-    assert_eq!(server.sh_ok(&sb.id, "cat /work/build/answer").await, "leak\n");
+    assert_eq!(server.sh_ok(&sb.id, "cat /work/build/answer; readlink /usr/bin/wget").await, "leak\n/bin/busybox\n");
     server.finish().await;
 }
 

@@ -457,8 +457,9 @@ pub struct PackRequest {
     /// Name of the new image (an existing image of that name is replaced,
     /// unless sandboxes use it).
     pub image: String,
-    /// Absolute paths removed from the new layer before it is published,
-    /// e.g. build leftovers that would leak answers.
+    /// Absolute paths gone from the new image, e.g. build leftovers or a
+    /// task's answers that would leak: removed from the new layer, and
+    /// hidden (an overlay whiteout) where a lower layer holds them.
     #[serde(default)]
     pub scrub: Vec<String>,
 }

@@ -404,10 +404,10 @@ impl Driver for ContainerDriver {
         Ok(FsRoot { dir, uid: state.uid_base, gid: state.uid_base })
     }
 
-    fn snapshot(&self, handle: &SandboxHandle, dest: &Path, scrub: &[String]) -> Result<()> {
+    fn snapshot(&self, handle: &SandboxHandle, dest: &Path) -> Result<()> {
         let state = self.state(handle)?;
         let cgroup = self.cgroup(&handle.id)?;
-        snapshot::snapshot(&self.layout(&handle.id), &cgroup, state.uid_base, dest, scrub)
+        snapshot::snapshot(&self.layout(&handle.id), &cgroup, state.uid_base, dest)
     }
 
     fn pause(&self, handle: &SandboxHandle) -> Result<()> {

@@ -333,11 +333,11 @@ pub trait Driver: Send + Sync {
     /// Copies the sandbox's writable layer into the empty directory `dest`
     /// as a read-only layer for new sandboxes (`pack_diff`): ownership is
     /// shifted back to the image's ids, overlay whiteouts and opaque
-    /// directories are kept so the layer stacks on the sandbox's own layers,
-    /// and the paths in `scrub` (absolute, inside the sandbox) are removed.
-    /// Blocking; the node calls it off the async runtime.
-    fn snapshot(&self, handle: &SandboxHandle, dest: &std::path::Path, scrub: &[String]) -> Result<()> {
-        let _ = (handle, dest, scrub);
+    /// directories are kept so the layer stacks on the sandbox's own layers.
+    /// (The node applies `pack_diff`'s scrub list to the packed image, see
+    /// `warren_image::scrub`.) Blocking; the node calls it off the async runtime.
+    fn snapshot(&self, handle: &SandboxHandle, dest: &std::path::Path) -> Result<()> {
+        let _ = (handle, dest);
         Err(BackendError::Unsupported(self.backend().as_str(), "pack_diff"))
     }
 

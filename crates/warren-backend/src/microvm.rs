@@ -1333,7 +1333,7 @@ impl Driver for MicroVmDriver {
     /// archive - which comes from inside the sandbox - with the checks of
     /// [`warren_image::oci::unpack_sandbox_diff`] and a cap on its size.
     /// The guest's ids are the image's: nothing to shift back.
-    fn snapshot(&self, handle: &SandboxHandle, dest: &Path, scrub: &[String]) -> Result<()> {
+    fn snapshot(&self, handle: &SandboxHandle, dest: &Path) -> Result<()> {
         let files = self.remote_files(handle)?;
         let rw = self.dir(&handle.id).join("rw.img");
         let disk_bytes = fs::metadata(&rw).map_err(|e| BackendError::io(format!("stat {}", rw.display()), e))?.len();
@@ -1341,8 +1341,7 @@ impl Driver for MicroVmDriver {
             files.open_pack().map_err(|e| BackendError::Protocol(format!("archiving the writable layer: {e}")))?;
         let cap = disk_bytes.saturating_mul(2).saturating_add(PACK_SLACK_BYTES);
         warren_image::oci::unpack_sandbox_diff(Capped { inner: archive, left: cap }, dest)
-            .map_err(|e| BackendError::Setup(format!("unpacking the writable layer: {e}")))?;
-        crate::files::scrub(dest, scrub)
+            .map_err(|e| BackendError::Setup(format!("unpacking the writable layer: {e}")))
     }
 
     /// Init serves the guest's files over the mux (the guest's root is a

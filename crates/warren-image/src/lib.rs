@@ -24,6 +24,7 @@ pub mod metablob;
 mod name;
 pub mod oci;
 pub mod registry;
+pub mod scrub;
 mod store;
 mod tar;
 

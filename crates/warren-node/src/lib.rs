@@ -1130,7 +1130,9 @@ impl Node {
     }
 
     /// `pack_diff`: a new image = the sandbox's image layers + its writable
-    /// layer (scrubbed), usable at once by new sandboxes.
+    /// layer, usable at once by new sandboxes. The scrub list's paths are
+    /// gone from the new image, wherever they were: the new layer hides
+    /// what lower layers hold there (`warren_image::scrub`).
     pub async fn pack(&self, id: &str, req: warren_api::PackRequest) -> Result<ImageInfo> {
         req.validate().map_err(NodeError::Invalid)?;
         let live = self.live(id)?;
@@ -1143,14 +1145,16 @@ impl Node {
             }
         }
         let images = Arc::clone(&self.inner.images);
+        let lowers: Vec<PathBuf> = images.get(&base)?.layers().iter().map(|l| l.path().to_path_buf()).collect();
         let img = tokio::task::spawn_blocking(move || {
             let mut backend_error = None;
             let made = images.extend(&req.image, &base, |dst| {
-                live.driver.snapshot(&live.handle, dst, &req.scrub).map_err(|e| {
+                live.driver.snapshot(&live.handle, dst).map_err(|e| {
                     let message = e.to_string();
                     backend_error = Some(e);
                     ImageError::Tar(message)
-                })
+                })?;
+                warren_image::scrub::hide_in_image(dst, &lowers, &req.scrub).map(drop)
             });
             match (made, backend_error) {
                 (Err(_), Some(e)) => Err(NodeError::Backend(e)),
@@ -1173,13 +1177,16 @@ impl Node {
     ) -> Result<ImageInfo> {
         let dir = layered.scratch_dir()?;
         let (snap_dir, scrub) = (dir.clone(), req.scrub.clone());
-        let snapped = tokio::task::spawn_blocking(move || live.driver.snapshot(&live.handle, &snap_dir, &scrub))
-            .await
-            .map_err(|e| NodeError::Internal(e.to_string()));
+        let snapped = tokio::task::spawn_blocking(move || {
+            live.driver.snapshot(&live.handle, &snap_dir).map_err(NodeError::Backend)?;
+            let lowers: Vec<PathBuf> = live._layers.iter().map(|l| l.mount_path().to_path_buf()).collect();
+            warren_image::scrub::hide_in_image(&snap_dir, &lowers, &scrub).map_err(NodeError::from)
+        })
+        .await
+        .map_err(|e| NodeError::Internal(e.to_string()));
         let packed = match snapped {
-            Ok(Ok(())) => layered.extend(&req.image, base, &dir).await,
-            Ok(Err(e)) => Err(NodeError::Backend(e)),
-            Err(e) => Err(e),
+            Ok(Ok(_)) => layered.extend(&req.image, base, &dir).await,
+            Ok(Err(e)) | Err(e) => Err(e),
         };
         let _ = std::fs::remove_dir_all(&dir);
         packed

@@ -273,7 +273,7 @@ enum SandboxCmd {
     Pack {
         id: String,
         image: String,
-        /// Absolute path to remove from the snapshot (repeatable).
+        /// Absolute path to remove from the new image, whichever layer holds it (repeatable).
         #[arg(long)]
         scrub: Vec<String>,
     },

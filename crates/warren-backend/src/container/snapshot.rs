@@ -12,25 +12,17 @@ use warren_guard::cgroup::SandboxCgroup;
 
 use super::state::Layout;
 use super::teardown::cgroup_err;
-use crate::files;
 use crate::{BackendError, Result};
 
 const IDS_PER_SANDBOX: u32 = 65536;
 const FREEZE_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub(crate) fn snapshot(
-    layout: &Layout,
-    cgroup: &SandboxCgroup,
-    uid_base: u32,
-    dest: &Path,
-    scrub: &[String],
-) -> Result<()> {
+pub(crate) fn snapshot(layout: &Layout, cgroup: &SandboxCgroup, uid_base: u32, dest: &Path) -> Result<()> {
     {
         let _frozen = cgroup.frozen(FREEZE_TIMEOUT).map_err(cgroup_err)?;
         copy_tree(&layout.upper(), dest)?;
     }
-    shift_ids(dest, uid_base)?;
-    files::scrub(dest, scrub)
+    shift_ids(dest, uid_base)
 }
 
 /// The host's `cp -a` keeps owners, modes, xattrs (overlay's opaque markers
