@@ -315,8 +315,9 @@ pub async fn file_cases(subject: &Subject<'_>, id: &str) {
 /// Refused system calls become security events, read after the result.
 /// `pack_diff`: the writable layer (new files, owners, modes, hard and
 /// symbolic links, a deleted file of the image) becomes an image that
-/// starts a new sandbox of the same backend, without the scrubbed paths;
-/// the source sandbox is unchanged.
+/// starts a new sandbox of the same backend, without the scrubbed paths
+/// (the sandbox's own and one only the image's layer holds); the source
+/// sandbox is unchanged.
 pub async fn pack_cases(subject: &Subject<'_>, id: &str) {
     let server = subject.server;
     let path = format!("/v1/sandboxes/{id}/pack");
@@ -341,8 +342,10 @@ pub async fn pack_cases(subject: &Subject<'_>, id: &str) {
             ),
         )
         .await;
-    let (status, body) =
-        server.call(Method::POST, &path, Some(&json!({"image": image, "scrub": ["/packed/build"]}))).await;
+    // `/bin/tar` is the image's (in Debian's image through its `/bin -> usr/bin` link).
+    assert_eq!(server.sh_ok(id, "[ -e /bin/tar ] && echo yes").await, "yes\n", "the image has /bin/tar");
+    let scrub = json!({"image": image, "scrub": ["/packed/build", "/bin/tar"]});
+    let (status, body) = server.call(Method::POST, &path, Some(&scrub)).await;
     assert_eq!(status, StatusCode::CREATED, "{:?}: {body}\nlog:\n{}", subject.backend, server.log_tail(30));
 
     let child = subject.create_with(json!({"image": image})).await;
@@ -351,19 +354,25 @@ pub async fn pack_cases(subject: &Subject<'_>, id: &str) {
             &child.id,
             &format!(
                 "cat /packed/code.py; stat -c '%u:%g %a %h' /packed/code.py; readlink /packed/soft; ls /packed; \
-                 [ -e {gone} ] && echo {gone} is back || echo {gone} stays deleted"
+                 [ -e {gone} ] && echo {gone} is back || echo {gone} stays deleted; \
+                 [ -e /bin/tar ] && echo tar is there || echo tar is scrubbed"
             ),
         )
         .await;
     assert_eq!(
         out,
-        format!("fixed\n1234:5678 4750 2\ncode.py\ncode.py\nhard\nsoft\n{gone} stays deleted\n"),
-        "{:?}: content, owner, mode, links and the deletion carry over; the scrubbed dir is gone",
-        subject.backend
+        format!("fixed\n1234:5678 4750 2\ncode.py\ncode.py\nhard\nsoft\n{gone} stays deleted\ntar is scrubbed\n"),
+        "{:?}: content, owner, mode, links and the deletion carry over; the scrubbed paths are gone\nlog:\n{}",
+        subject.backend,
+        server.log_tail(30)
     );
     let ended = server.delete(&child.id).await;
     assert_eq!(ended.end_reason, Some(EndReason::Deleted), "{ended:?}");
-    assert_eq!(server.sh_ok(id, "cat /packed/build/answer").await, "leak\n", "the source sandbox keeps its files");
+    assert_eq!(
+        server.sh_ok(id, "cat /packed/build/answer; [ -e /bin/tar ] && echo tar").await,
+        "leak\ntar\n",
+        "the source sandbox keeps its files"
+    );
 }
 
 /// `work` protects nothing; `tidy` neither (a switch to it kills what

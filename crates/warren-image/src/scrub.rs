@@ -5,13 +5,16 @@
 //!
 //! Each path is resolved in the new image as a sandbox would see it - the
 //! new layer over the image's layers, mounted read-only as one overlay -
-//! with symlinks kept inside its root; whatever is there is then hidden by
-//! an overlay whiteout at that place in the new layer (parent directories
-//! the layer lacks are made with the owner, mode and times the image shows
-//! there, so the merged directory looks as before). The overlay is a
-//! detached mount (`fsopen`/`fsmount`): it is attached nowhere and goes
-//! with its descriptor, so nothing is left mounted even if the node dies
-//! midway.
+//! with symlinks kept inside its root. What the new layer has at that
+//! place goes; if the layers below have something there too (and no opaque
+//! directory of the new layer hides it already), an overlay whiteout takes
+//! its place, and parent directories the layer lacks are made with the
+//! owner, mode and times the image shows there, so the merged directory
+//! looks as before. A whiteout is only made over something: in a
+//! directory no lower layer has, overlayfs lists it (as a `c?????????`
+//! entry) instead of hiding it. The overlays are detached mounts
+//! (`fsopen`/`fsmount`): attached nowhere, gone with their descriptors, so
+//! nothing is left mounted even if the node dies midway.
 
 use std::ffi::{OsStr, OsString};
 use std::fs;
@@ -42,6 +45,8 @@ struct Ancestor {
 struct Found {
     ancestors: Vec<Ancestor>,
     name: OsString,
+    /// The layers below the new one have an entry at this place.
+    below: bool,
 }
 
 /// Hides every path of `paths` (absolute, as the sandbox names them) in the
@@ -54,39 +59,80 @@ pub fn hide_in_image(layer: &Path, lowers: &[PathBuf], paths: &[String]) -> Resu
         return Ok(Vec::new());
     }
     let found = {
-        let view = mount_view(layer, lowers)?;
+        let mut top_first = vec![layer.to_path_buf()];
+        top_first.extend(lowers.iter().rev().cloned());
+        let image = view(&top_first)?;
+        let below = if lowers.is_empty() { None } else { Some(view(&top_first[1..])?) };
         let mut found = Vec::new();
         for path in paths {
-            if let Some(f) = resolve(&view, path).context(|| format!("resolving {path} in the packed image"))? {
+            if let Some(mut f) = resolve(&image, path).context(|| format!("resolving {path} in the packed image"))? {
+                if let Some(below) = &below {
+                    f.below = exists(below, &f).context(|| format!("looking up {path} below the packed layer"))?;
+                }
                 found.push(f);
             }
         }
         found
-        // The view goes here, before the layer under it changes.
+        // The views go here, before the layer under them changes.
     };
     let mut hidden = Vec::new();
     for f in found {
-        hidden.extend(whiteout(layer, &f)?);
+        hidden.extend(hide(layer, &f)?);
     }
     Ok(hidden)
 }
 
-/// `layer` over `lowers`, read-only, mounted nowhere: a root directory fd.
-fn mount_view(layer: &Path, lowers: &[PathBuf]) -> Result<OwnedFd> {
-    let mount = || -> io::Result<OwnedFd> {
+/// The tree `layers` (top first, at least one) make, read-only: a root
+/// directory fd of an overlay mounted nowhere, or of the one layer itself
+/// (an overlay without an upper layer needs two).
+fn view(layers: &[PathBuf]) -> Result<OwnedFd> {
+    let what = || format!("opening the tree of the layers {layers:?} to scrub it");
+    match layers {
+        [one] => rustix::fs::open(one, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .map_err(io::Error::from)
+            .context(what),
+        _ => mount_view(layers).context(what),
+    }
+}
+
+fn mount_view(layers: &[PathBuf]) -> io::Result<OwnedFd> {
+    {
         let fs = rustix::mount::fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC)?;
         // `lowerdir+` takes one path per call (no `:` or `,` escaping), top first.
-        rustix::mount::fsconfig_set_string(fs.as_fd(), "lowerdir+", layer)?;
-        for lower in lowers.iter().rev() {
-            rustix::mount::fsconfig_set_string(fs.as_fd(), "lowerdir+", lower.as_path())?;
+        for layer in layers {
+            rustix::mount::fsconfig_set_string(fs.as_fd(), "lowerdir+", layer.as_path())?;
         }
         rustix::mount::fsconfig_create(fs.as_fd())?;
         let attrs =
             MountAttrFlags::MOUNT_ATTR_RDONLY | MountAttrFlags::MOUNT_ATTR_NODEV | MountAttrFlags::MOUNT_ATTR_NOSUID;
         let mnt = rustix::mount::fsmount(fs.as_fd(), FsMountFlags::FSMOUNT_CLOEXEC, attrs)?;
         Ok(rustix::fs::openat(mnt, ".", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?)
-    };
-    mount().context(|| format!("mounting {} over the image's layers to scrub it", layer.display()))
+    }
+}
+
+/// Whether the tree at `root` has an entry where `found` is (its
+/// directories are not followed: they were resolved in the image).
+fn exists(root: &OwnedFd, found: &Found) -> io::Result<bool> {
+    let mut dir: Option<OwnedFd> = None;
+    for ancestor in &found.ancestors {
+        let at = dir.as_ref().unwrap_or(root);
+        match rustix::fs::openat(
+            at,
+            ancestor.name.as_os_str(),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => dir = Some(fd),
+            // Missing, or not a directory (a symlink among them).
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match rustix::fs::statat(dir.as_ref().unwrap_or(root), found.name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(_) => Ok(true),
+        Err(rustix::io::Errno::NOENT) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Where `path` is in the tree at `root`, resolving `..` and symlinks of
@@ -105,6 +151,7 @@ fn resolve(root: &OwnedFd, path: &str) -> io::Result<Option<Found>> {
                 return Ok(at.pop().map(|(target, _)| Found {
                     ancestors: at.into_iter().map(|(a, _)| a).collect(),
                     name: target.name,
+                    below: false,
                 }));
             }
             continue;
@@ -118,7 +165,7 @@ fn resolve(root: &OwnedFd, path: &str) -> io::Result<Option<Found>> {
         let kind = rustix::fs::FileType::from_raw_mode(stat.st_mode);
         if todo.is_empty() {
             let ancestors = at.into_iter().map(|(a, _)| a).collect();
-            return Ok(Some(Found { ancestors, name }));
+            return Ok(Some(Found { ancestors, name, below: false }));
         }
         match kind {
             rustix::fs::FileType::Directory => {
@@ -157,15 +204,18 @@ fn components(path: &[u8]) -> Vec<OsString> {
         .collect()
 }
 
-/// Puts a whiteout for `found` into `layer`, making the directories above
-/// it that the layer lacks; what the layer had there goes. `None`: a
-/// directory above it got a whiteout of its own (an earlier path).
-fn whiteout(layer: &Path, found: &Found) -> Result<Option<String>> {
+/// Takes `found` out of the image at `layer`: what the layer has there
+/// goes, and if the layers below have something there that no opaque
+/// directory of the layer hides, a whiteout takes its place (with the
+/// directories above it the layer lacks). `None`: a directory above it is
+/// a whiteout already (an earlier path of the list).
+fn hide(layer: &Path, found: &Found) -> Result<Option<String>> {
     let mut dir = layer.to_path_buf();
+    let mut below = found.below;
     for ancestor in &found.ancestors {
         dir.push(&ancestor.name);
         match fs::symlink_metadata(&dir) {
-            Ok(meta) if meta.is_dir() => {}
+            Ok(meta) if meta.is_dir() => below &= !is_opaque(&dir)?,
             Ok(meta) if meta.file_type().is_char_device() && meta.rdev() == 0 => return Ok(None),
             Ok(_) => {
                 // The image shows a directory here, which a non-directory
@@ -175,7 +225,7 @@ fn whiteout(layer: &Path, found: &Found) -> Result<Option<String>> {
                     reason: format!("{} changed while it was scrubbed", dir.display()),
                 });
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => make_dir_like(&dir, &ancestor.stat)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && below => make_dir_like(&dir, &ancestor.stat)?,
             Err(e) => return Err(e).context(|| format!("stat {}", dir.display())),
         }
     }
@@ -187,18 +237,30 @@ fn whiteout(layer: &Path, found: &Found) -> Result<Option<String>> {
         Err(e) => Err(e),
     }
     .context(|| format!("removing {}", target.display()))?;
-    // overlayfs's whiteout: a character device numbered 0:0.
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        &target,
-        rustix::fs::FileType::CharacterDevice,
-        Mode::empty(),
-        rustix::fs::makedev(0, 0),
-    )
-    .map_err(io::Error::from)
-    .context(|| format!("making a whiteout at {}", target.display()))?;
+    if below {
+        // overlayfs's whiteout: a character device numbered 0:0.
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &target,
+            rustix::fs::FileType::CharacterDevice,
+            Mode::empty(),
+            rustix::fs::makedev(0, 0),
+        )
+        .map_err(io::Error::from)
+        .context(|| format!("making a whiteout at {}", target.display()))?;
+    }
     let inside = target.strip_prefix(layer).unwrap_or(&target);
     Ok(Some(format!("/{}", inside.display())))
+}
+
+/// overlayfs's mark of a directory that hides the layers below it.
+fn is_opaque(dir: &Path) -> Result<bool> {
+    let mut value = [0u8; 1];
+    match rustix::fs::lgetxattr(dir, "trusted.overlay.opaque", &mut value) {
+        Ok(n) => Ok(n == 1 && value[0] == b'y'),
+        Err(rustix::io::Errno::NODATA | rustix::io::Errno::RANGE) => Ok(false),
+        Err(e) => Err(io::Error::from(e)).context(|| format!("reading the xattrs of {}", dir.display())),
+    }
 }
 
 /// A directory at `path` with the owner, mode and times of `like`.
@@ -223,13 +285,20 @@ mod tests {
 
     use super::*;
 
+    /// The image `layer` over `lowers` (bottom first) makes.
+    fn image(layer: &Path, lowers: &[PathBuf]) -> OwnedFd {
+        let mut top_first = vec![layer.to_path_buf()];
+        top_first.extend(lowers.iter().rev().cloned());
+        view(&top_first).unwrap()
+    }
+
     fn is_whiteout(path: &Path) -> bool {
         fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_char_device() && m.rdev() == 0)
     }
 
     /// Needs root (an overlay mount); the suite runs as root.
     #[test]
-    fn paths_in_lower_layers_get_whiteouts_and_new_ones_are_only_removed() {
+    fn paths_in_lower_layers_get_whiteouts_and_the_layers_own_are_only_removed() {
         let tmp = tempfile::tempdir().unwrap();
         let (base, work, layer) = (tmp.path().join("base"), tmp.path().join("work"), tmp.path().join("new"));
         fs::create_dir_all(base.join("repo/tests")).unwrap();
@@ -245,6 +314,13 @@ mod tests {
         symlink("usr/lib", work.join("lib")).unwrap();
         fs::create_dir_all(layer.join("tmp")).unwrap();
         fs::write(layer.join("tmp/build.log"), "log").unwrap();
+        // An opaque directory of the new layer already hides the one below.
+        fs::create_dir_all(base.join("opq")).unwrap();
+        fs::write(base.join("opq/x"), "old").unwrap();
+        fs::create_dir_all(layer.join("opq")).unwrap();
+        fs::write(layer.join("opq/x"), "new").unwrap();
+        rustix::fs::setxattr(layer.join("opq"), "trusted.overlay.opaque", b"y", rustix::fs::XattrFlags::empty())
+            .unwrap();
         let lowers = [base.clone(), work.clone()];
         let scrub = [
             "/repo/tests/answers.txt",
@@ -252,6 +328,7 @@ mod tests {
             "/srv/../srv/solution.py",
             "/lib/leak.so",
             "/tmp/build.log",
+            "/opq/x",
             "/not/there",
             "/repo/keep.txt/..",
         ]
@@ -260,10 +337,14 @@ mod tests {
         hidden.sort();
         // `keep.txt/..` names nothing (a file is no directory); `/srv/old/..`
         // is `/srv`, whose whiteout hides `solution.py` in it already.
-        assert_eq!(hidden, ["/repo/tests/answers.txt", "/srv", "/tmp/build.log", "/usr/lib/leak.so"]);
+        assert_eq!(hidden, ["/opq/x", "/repo/tests/answers.txt", "/srv", "/tmp/build.log", "/usr/lib/leak.so"]);
         assert!(is_whiteout(&layer.join("repo/tests/answers.txt")));
+        assert!(is_whiteout(&layer.join("srv")));
         assert!(is_whiteout(&layer.join("usr/lib/leak.so")), "resolved through the lower layer's symlink");
-        assert!(is_whiteout(&layer.join("tmp/build.log")), "the layer's own file replaced");
+        // Nothing below them: a whiteout there would be listed, not hidden.
+        for own in ["tmp/build.log", "opq/x"] {
+            assert!(fs::symlink_metadata(layer.join(own)).is_err(), "{own}: removed, no whiteout");
+        }
         assert!(!layer.join("not").exists(), "nothing made for a path the image lacks");
         let repo = fs::metadata(layer.join("repo")).unwrap();
         assert_eq!((repo.mode() & 0o7777, repo.uid(), repo.gid()), (0o750, 1000, 1000), "made like the image's");
@@ -271,7 +352,7 @@ mod tests {
         // The lower layers are untouched: only the new layer hides.
         assert_eq!(fs::read_to_string(base.join("repo/tests/answers.txt")).unwrap(), "42");
         // And the image, mounted again, no longer has them.
-        let view = mount_view(&layer, &lowers).unwrap();
+        let view = image(&layer, &lowers);
         for path in &scrub {
             assert!(resolve(&view, path).unwrap().is_none(), "{path} is gone from the image");
         }
@@ -287,7 +368,7 @@ mod tests {
         fs::create_dir_all(&layer).unwrap();
         symlink("/loop", base.join("loop")).unwrap();
         symlink("../../../../etc", base.join("d/up")).unwrap();
-        let view = mount_view(&layer, std::slice::from_ref(&base)).unwrap();
+        let view = image(&layer, std::slice::from_ref(&base));
         let looped = resolve(&view, "/loop/x").unwrap_err();
         assert_eq!(looped.raw_os_error(), Some(libc::ELOOP));
         // `..` past the root stays at the root: the host's /etc/passwd is not in the image.

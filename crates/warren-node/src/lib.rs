@@ -1154,7 +1154,9 @@ impl Node {
                     backend_error = Some(e);
                     ImageError::Tar(message)
                 })?;
-                warren_image::scrub::hide_in_image(dst, &lowers, &req.scrub).map(drop)
+                let hidden = warren_image::scrub::hide_in_image(dst, &lowers, &req.scrub)?;
+                tracing::info!(image = %req.image, ?hidden, "pack_diff scrubbed");
+                Ok(())
             });
             match (made, backend_error) {
                 (Err(_), Some(e)) => Err(NodeError::Backend(e)),
@@ -1180,12 +1182,14 @@ impl Node {
         let snapped = tokio::task::spawn_blocking(move || {
             live.driver.snapshot(&live.handle, &snap_dir).map_err(NodeError::Backend)?;
             let lowers: Vec<PathBuf> = live._layers.iter().map(|l| l.mount_path().to_path_buf()).collect();
-            warren_image::scrub::hide_in_image(&snap_dir, &lowers, &scrub).map_err(NodeError::from)
+            let hidden = warren_image::scrub::hide_in_image(&snap_dir, &lowers, &scrub)?;
+            tracing::info!(?hidden, "pack_diff scrubbed");
+            Ok::<_, NodeError>(())
         })
         .await
         .map_err(|e| NodeError::Internal(e.to_string()));
         let packed = match snapped {
-            Ok(Ok(_)) => layered.extend(&req.image, base, &dir).await,
+            Ok(Ok(())) => layered.extend(&req.image, base, &dir).await,
             Ok(Err(e)) | Err(e) => Err(e),
         };
         let _ = std::fs::remove_dir_all(&dir);
