@@ -760,7 +760,15 @@ impl MicroVmDriver {
         // Before its vCPUs run the guest: a moment of QEMU's start-up
         // outside the cgroup is the price of not forking through it.
         cgroup.add_pid(child.pid().pid).map_err(cgroup_err)?;
-        let abandoned = AbandonedBootReport { id: &spec.id, console: &console, entered, spawned_ms, settled: false };
+        let abandoned = AbandonedBootReport {
+            id: &spec.id,
+            console: &console,
+            qmp_sock: &qmp_sock,
+            vmlinuz: &self.config.kernel,
+            entered,
+            spawned_ms,
+            settled: false,
+        };
         let ready = self.wait_ready(&mut child, &serial_sock, &self.ctl_sock(&spec.id)).await;
         abandoned.settle();
         if qemu::boot_trace() {
@@ -1452,6 +1460,10 @@ impl Driver for MicroVmDriver {
 struct AbandonedBootReport<'a> {
     id: &'a str,
     console: &'a qemu::ConsoleTail,
+    /// Where the guest's vCPU is, read through QMP when the boot is given up.
+    qmp_sock: &'a Path,
+    /// The `vmlinuz` whose `System.map` names that place.
+    vmlinuz: &'a Path,
     entered: std::time::Instant,
     /// When QEMU started, after `entered` (disks and the initramfs first).
     spawned_ms: u128,
@@ -1470,7 +1482,20 @@ impl Drop for AbandonedBootReport<'_> {
             let waited_ms = self.entered.elapsed().as_millis();
             let console = self.console.text();
             let spawned_ms = self.spawned_ms;
-            tracing::warn!(sandbox = %self.id, spawned_ms, waited_ms, console = %console.trim(), "a VM boot was abandoned before its init answered");
+            // A few samples in a row: one place again and again is a guest
+            // stuck there, different places one that runs (or spins wider).
+            let vcpu = match qmp::instruction_pointers(self.qmp_sock, 3) {
+                Ok(rips) => rips
+                    .iter()
+                    .map(|&rip| match kernel::symbol(self.vmlinuz, rip) {
+                        Some(symbol) => format!("{rip:#x} {symbol}"),
+                        None => format!("{rip:#x}"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                Err(e) => format!("unknown ({e})"),
+            };
+            tracing::warn!(sandbox = %self.id, spawned_ms, waited_ms, vcpu = %vcpu, console = %console.trim(), "a VM boot was abandoned before its init answered");
         }
     }
 }

@@ -101,9 +101,40 @@ fn has_pvh_note(elf: &[u8]) -> bool {
     })
 }
 
+/// `symbol+0xoffset` of a guest kernel address, from the `System.map`
+/// beside `vmlinuz` (`/boot/System.map-<release>`). A PVH boot has no
+/// decompressor and so no KASLR: the map's addresses are the guest's.
+pub fn symbol(vmlinuz: &Path, addr: u64) -> Option<String> {
+    let name = vmlinuz.file_name()?.to_str()?;
+    let map = vmlinuz.with_file_name(format!("System.map-{}", name.strip_prefix("vmlinuz-")?));
+    nearest_symbol(&std::fs::read_to_string(map).ok()?, addr)
+}
+
+fn nearest_symbol(map: &str, addr: u64) -> Option<String> {
+    let mut best: Option<(u64, &str)> = None;
+    for line in map.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(at), Some(_kind), Some(name)) = (fields.next(), fields.next(), fields.next()) else { continue };
+        let Ok(at) = u64::from_str_radix(at, 16) else { continue };
+        if at <= addr && best.is_none_or(|(b, _)| at >= b) {
+            best = Some((at, name));
+        }
+    }
+    best.map(|(at, name)| format!("{name}+{:#x}", addr - at))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn addresses_name_the_symbol_they_are_in() {
+        let map =
+            "ffffffff81000000 T _stext\nffffffff81001000 T do_one_initcall\nffffffff81002000 t native_safe_halt\n";
+        assert_eq!(nearest_symbol(map, 0xffff_ffff_8100_1234).as_deref(), Some("do_one_initcall+0x234"));
+        assert_eq!(nearest_symbol(map, 0xffff_ffff_8100_2000).as_deref(), Some("native_safe_halt+0x0"));
+        assert_eq!(nearest_symbol(map, 0x1000), None, "below every symbol");
+    }
 
     /// The host's own newest cloud kernel, when it has one (the VM suites
     /// need it anyway; this test says so instead of passing silently).

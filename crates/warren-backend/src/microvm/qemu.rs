@@ -154,13 +154,16 @@ const HANDOVER_MIN_FD: i32 = 16;
 fn base_append() -> String {
     let khz = host_tsc_khz();
     // loops_per_jiffy at HZ=250; only udelay before the TSC takes over uses it.
-    let trace = if boot_trace() { " warren.boottrace" } else { "" };
-    format!("console=ttyS0 quiet panic=-1 unknown_nmi_panic sysctl.kernel.panic_on_unrecovered_nmi=1 tsc=reliable no_timer_check tsc_early_khz={khz} lpj={}{trace}", khz * 4)
+    // Traced boots keep the kernel's messages: a boot that hangs shows
+    // where in the console the node reports.
+    let trace = if boot_trace() { " warren.boottrace" } else { " quiet" };
+    format!("console=ttyS0{trace} panic=-1 unknown_nmi_panic sysctl.kernel.panic_on_unrecovered_nmi=1 tsc=reliable no_timer_check tsc_early_khz={khz} lpj={}", khz * 4)
 }
 
-/// `WARREN_VM_BOOTTRACE=1`: guests print their boot steps' times and the
-/// console's tail stamps each chunk with the host's milliseconds since
-/// QEMU started (what the boot split in `bench/results/` comes from).
+/// `WARREN_VM_BOOTTRACE=1`: guests print their boot steps' times, their
+/// kernel is not `quiet`, and the console's tail stamps each chunk with the
+/// host's milliseconds since QEMU started (what the boot split in
+/// `bench/results/` comes from; the test servers set it).
 pub fn boot_trace() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("WARREN_VM_BOOTTRACE").is_some_and(|v| v == "1"))

@@ -115,6 +115,25 @@ fn execute(sock: &Path, command: &str) -> Result<Value> {
     Session::open(sock)?.request(command, Value::Null)
 }
 
+/// The first vCPU's instruction pointer, read `samples` times in a row
+/// (QEMU's `info registers`): where a guest that does not come up is.
+pub fn instruction_pointers(sock: &Path, samples: usize) -> Result<Vec<u64>> {
+    let mut session = Session::open(sock)?;
+    let mut rips = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let answer = session.request("human-monitor-command", json!({ "command-line": "info registers" }))?;
+        let text = answer.as_str().unwrap_or_default();
+        let rip = text
+            .split_whitespace()
+            // `EIP=` before the guest enters long mode.
+            .find_map(|word| word.strip_prefix("RIP=").or_else(|| word.strip_prefix("EIP=")))
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+            .ok_or_else(|| BackendError::Protocol(format!("no RIP in QEMU's registers: {text}")))?;
+        rips.push(rip);
+    }
+    Ok(rips)
+}
+
 /// One QMP connection past capabilities negotiation.
 struct Session {
     reader: BufReader<UnixStream>,
@@ -209,6 +228,39 @@ fn read_message(reader: &mut impl BufRead) -> std::io::Result<Value> {
 mod tests {
     use super::*;
     use std::os::unix::net::UnixListener;
+
+    /// A real QEMU held before its first instruction (`-S`): its vCPU sits
+    /// at the x86 reset vector.
+    #[test]
+    fn a_stopped_qemu_reports_its_reset_vector() {
+        let qemu = Path::new("/usr/bin/qemu-system-x86_64");
+        if !qemu.is_file() {
+            eprintln!("NOTE: no {}: the QMP register read is checked by the microVM suite only", qemu.display());
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("qmp.sock");
+        let mut child = std::process::Command::new(qemu)
+            .args(["-M", "microvm", "-accel", "tcg", "-nodefaults", "-no-user-config", "-display", "none", "-S"])
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", sock.display()))
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut rips = None;
+        for _ in 0..500 {
+            match instruction_pointers(&sock, 2) {
+                Ok(r) => {
+                    rips = Some(r);
+                    break;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(rips, Some(vec![0xfff0, 0xfff0]));
+    }
 
     /// A stand-in for QEMU's QMP server: greets, then answers each command
     /// from `answers` in order, with an event before the first.
