@@ -97,7 +97,7 @@ fn kill_frame_kills_the_whole_tree_and_reports_killed() {
     let out = collect(&mut conn, pid);
     assert!(out.exited.killed);
     assert_eq!(out.exited.signal, Some(libc::SIGKILL));
-    assert_eq!(sb.live_processes(), vec![sb.pid1], "only PID 1 is left");
+    sb.assert_only_pid1_is_left();
 }
 
 #[test]
@@ -112,7 +112,7 @@ fn kill_reaches_setsid_daemons_that_hold_the_output() {
     proto::write_frame(&mut conn, FrameKind::Kill, &[]).unwrap();
     let out = collect(&mut conn, pid);
     assert!(out.exited.killed);
-    assert_eq!(sb.live_processes(), vec![sb.pid1], "only PID 1 is left");
+    sb.assert_only_pid1_is_left();
 }
 
 #[test]
@@ -127,7 +127,7 @@ fn kill_stops_a_process_that_keeps_forking() {
     proto::write_frame(&mut conn, FrameKind::Kill, &[]).unwrap();
     let out = collect(&mut conn, pid);
     assert!(out.exited.killed);
-    assert_eq!(sb.live_processes(), vec![sb.pid1], "only PID 1 is left");
+    sb.assert_only_pid1_is_left();
 }
 
 #[test]
@@ -238,7 +238,7 @@ fn a_connection_after_an_exec_takes_only_execs_in_order() {
     // Init may have closed already: the write may fail.
     let _ = proto::write_json(&mut conn, FrameKind::Request, &Request::Exec(spec(&["true"])));
     assert_eq!(proto::read_frame(&mut conn).ok().flatten(), None, "closed without running it");
-    assert_eq!(sb.live_processes(), vec![sb.pid1]);
+    sb.assert_only_pid1_is_left();
 }
 
 #[test]

@@ -269,6 +269,22 @@ impl Sandbox {
         }
         pids
     }
+
+    /// Fails naming every other process left (its `stat` line and command
+    /// line: a rare leftover says what it was).
+    pub fn assert_only_pid1_is_left(&self) {
+        let left = self.live_processes();
+        let others: Vec<String> = left
+            .iter()
+            .filter(|&&pid| pid != self.pid1)
+            .map(|pid| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                format!("{} [{}]", stat.trim(), String::from_utf8_lossy(&cmdline).replace('\0', " "))
+            })
+            .collect();
+        assert_eq!(left, vec![self.pid1], "only PID 1 is left; the others: {others:#?}");
+    }
 }
 
 /// Whether the process at `/proc/<pid>` (`dir`) is a phase leader (a fork
