@@ -52,7 +52,7 @@ struct Found {
 /// Hides every path of `paths` (absolute, as the sandbox names them) in the
 /// image made of `layer` (the new top layer, in overlay form) over `lowers`
 /// (the image's layer directories, bottom first). Returns the places it
-/// hid, as paths inside the image (see [`hide`]); a path that is not in
+/// hid, as paths inside the image (see `hide`); a path that is not in
 /// the image is fine and not among them.
 pub fn hide_in_image(layer: &Path, lowers: &[PathBuf], paths: &[String]) -> Result<Vec<String>> {
     if paths.is_empty() {
