@@ -194,11 +194,14 @@ pub async fn limit_cases(subject: &Subject<'_>, id: &str) {
     // More processes than the pids limit: an inner shell starts sleeps
     // until a fork fails (which ends it), then the outer one counts them
     // with builtins only (at the limit nothing new can start) and kills
-    // its whole process group.
+    // its whole process group. A child the inner shell forked may not have
+    // exec'd `sleep` yet on a busy host (it is still `sh`): every `sh` but
+    // the outer one counts too (CI once counted 30 and 107 sleeps of ~250).
     let pids = subject.create["pids"].as_u64().expect("the create request names pids");
     let bomb = format!(
         "sh -c 'i=0; while [ $i -lt {} ]; do sleep 1000 >/dev/null 2>&1 & i=$((i+1)); done' 2>/dev/null; \
-         n=0; for p in /proc/[0-9]*; do read -r c < $p/comm && [ \"$c\" = sleep ] && n=$((n+1)); done 2>/dev/null; \
+         n=0; for p in /proc/[0-9]*; do [ \"$p\" = /proc/$$ ] && continue; read -r c < $p/comm \
+         && {{ [ \"$c\" = sleep ] || [ \"$c\" = sh ]; }} && n=$((n+1)); done 2>/dev/null; \
          echo $n; kill -9 0",
         pids + 100
     );
