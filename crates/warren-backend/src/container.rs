@@ -22,7 +22,7 @@ mod teardown;
 
 use std::fs;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -182,7 +182,8 @@ impl ContainerDriver {
     /// Sends the build order, learns PID 1, reaps the first init and waits
     /// until PID 1 serves.
     async fn hand_over(&self, spec: &SandboxSpec, setup: &mut SetupChannel, undo: &mut Undo) -> Result<ProcessId> {
-        setup.send(&HostSays::Build(build_spec(&undo.remains.layout, spec)?)).await?;
+        setup.send(&HostSays::Build(build_spec(spec))).await?;
+        setup.send_fd(rootfs::clone_for_init(&undo.remains.layout)?.as_fd()).await?;
         let pid1 = match setup.next().await? {
             InitSays::Pid1 { pid } => match self.adopt_pid1(&undo.remains.cgroup, pid) {
                 Ok(pid1) => pid1,
@@ -510,17 +511,12 @@ fn limits(spec: &SandboxSpec) -> Limits {
     }
 }
 
-fn build_spec(layout: &Layout, spec: &SandboxSpec) -> Result<BuildSpec> {
-    let rootfs = layout.rootfs();
-    let rootfs = rootfs
-        .to_str()
-        .ok_or_else(|| BackendError::Setup(format!("run dir path {} is not UTF-8", rootfs.display())))?;
-    Ok(BuildSpec {
-        rootfs: rootfs.to_string(),
+fn build_spec(spec: &SandboxSpec) -> BuildSpec {
+    BuildSpec {
         hostname: spec.hostname.clone(),
         loopback: spec.network != NetworkMode::None,
         phase: spec.phase.clone(),
-    })
+    }
 }
 
 fn disk_used(rw: &Path) -> Result<u64> {

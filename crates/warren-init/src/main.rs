@@ -24,6 +24,7 @@ mod serve;
 mod session;
 mod setup;
 mod sys;
+mod template;
 mod tree;
 mod vm;
 mod zygote;
@@ -49,7 +50,7 @@ fn main() {
         }
     }
     one_malloc_arena();
-    setup::run()
+    setup::run(true)
 }
 
 /// A container's PID 1 has a few threads (the seccomp supervisor, one

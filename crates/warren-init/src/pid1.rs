@@ -4,7 +4,6 @@
 //! serve.
 
 use std::os::fd::{IntoRawFd, OwnedFd};
-use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::{InitError, StepContext};
@@ -22,8 +21,8 @@ use warren_init::proto::{LISTEN_FD, SETUP_FD};
 /// after the setup socket and the listener).
 pub const SELF_EXE_FD: i32 = LISTEN_FD + 1;
 
-pub fn run(mut channel: SetupChannel, spec: BuildSpec, self_exe: OwnedFd, parent_done: OwnedFd) -> ! {
-    let built = build(&spec);
+pub fn run(mut channel: SetupChannel, spec: BuildSpec, root: OwnedFd, self_exe: OwnedFd, parent_done: OwnedFd) -> ! {
+    let built = build(&spec, root);
     wait_for_parent(parent_done);
     let built = built.and_then(|()| settle_fds(self_exe)).and_then(restrict);
     let built =
@@ -50,8 +49,8 @@ pub fn run(mut channel: SetupChannel, spec: BuildSpec, self_exe: OwnedFd, parent
     serve::run(phases, events, serve::Reaping { registry, children })
 }
 
-fn build(spec: &BuildSpec) -> Result<(), InitError> {
-    rootfs::build(Path::new(&spec.rootfs))?;
+fn build(spec: &BuildSpec, root: OwnedFd) -> Result<(), InitError> {
+    rootfs::build(root)?;
     rustix::system::sethostname(spec.hostname.as_bytes())
         .step(|| format!("step 4: sethostname({:?})", spec.hostname))?;
     if spec.loopback {

@@ -443,13 +443,16 @@ pub mod setup {
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(tag = "step", rename_all = "snake_case")]
     pub enum HostSays {
+        /// The build order. Right after its line the host sends one byte
+        /// carrying (`SCM_RIGHTS`) a detached clone of the sandbox's ready
+        /// root filesystem (its overlay), which init attaches in its own
+        /// mount namespace and pivots into: the namespace it copied (the
+        /// zygote's template) was made before the host mounted the overlay.
         Build(BuildSpec),
     }
 
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     pub struct BuildSpec {
-        /// Host path of the ready root filesystem (overlay); init pivots into it.
-        pub rootfs: String,
         pub hostname: String,
         /// Bring `lo` up in the new network namespace.
         pub loopback: bool,

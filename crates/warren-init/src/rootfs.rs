@@ -2,7 +2,7 @@
 //! masks of `warren_guard::profile`, then `pivot_root` into the image.
 //!
 //! Runs as root of the sandbox's user namespace, in a mount namespace that
-//! namespace owns. What this kernel (6.18) allows there, tested:
+//! namespace owns, copied from the zygote's template (see `template`). What this kernel (6.18) allows there, tested:
 //! - `proc` and `sysfs` mount (the host's fully visible `/proc` and `/sys`
 //!   in the copied namespace satisfy the kernel's "not too revealing" rule);
 //!   if sysfs is refused anyway, an empty read-only tmpfs takes its place.
@@ -17,13 +17,16 @@
 
 use std::fs;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
+use rustix::fs::CWD;
+use rustix::mount::{MountFlags, MountPropagationFlags, MoveMountFlags, UnmountFlags};
 use warren_guard::profile::{MASKED_DIRS, MASKED_FILES, READ_ONLY_PATHS};
 
 use crate::error::{InitError, StepContext};
+use crate::template::SANDBOX_ROOT;
 
 /// Host devices bound into the sandbox's `/dev`.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
@@ -39,12 +42,16 @@ const DEV_LINKS: &[(&str, &str)] = &[
 
 const KERNEL_FS_FLAGS: MountFlags = MountFlags::NOSUID.union(MountFlags::NODEV).union(MountFlags::NOEXEC);
 
-/// Builds every mount of the sandbox under `root`, then makes `root` the
-/// process's `/`.
-pub fn build(root: &Path) -> Result<(), InitError> {
+/// Attaches `root_fs` (the sandbox's overlay, a detached mount the host
+/// sent) at the template namespace's mount point, builds every mount of
+/// the sandbox under it, then makes it the process's `/`.
+pub fn build(root_fs: OwnedFd) -> Result<(), InitError> {
     rustix::mount::mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
         .step(|| "step 4: make / recursively private".into())?;
-    rustix::mount::mount_bind_recursive(root, root).step(|| format!("step 4: bind {} onto itself", root.display()))?;
+    let root = Path::new(SANDBOX_ROOT);
+    rustix::mount::move_mount(&root_fs, "", CWD, root, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+        .step(|| format!("step 4: attach the root filesystem at {SANDBOX_ROOT}"))?;
+    drop(root_fs);
     mount_proc(root)?;
     mount_sys(root)?;
     mount_dev(root)?;

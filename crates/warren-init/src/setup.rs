@@ -12,7 +12,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 
 use rustix::process::DumpableBehavior;
 use rustix::thread::{Gid, Uid, UnshareFlags};
@@ -73,11 +73,27 @@ impl SetupChannel {
         }
     }
 
-    fn read_build(&mut self) -> Result<BuildSpec, InitError> {
+    /// The build order, then the sandbox's root filesystem: a detached
+    /// mount the host sends after the order's line, on one byte of its
+    /// own (see [`HostSays::Build`]).
+    fn read_build(&mut self) -> Result<(BuildSpec, OwnedFd), InitError> {
         let line = self.read_line()?;
-        match serde_json::from_slice::<HostSays>(&line) {
-            Ok(HostSays::Build(spec)) => Ok(spec),
-            Err(e) => Err(InitError::Protocol(format!("bad host message: {e}"))),
+        let spec = match serde_json::from_slice::<HostSays>(&line) {
+            Ok(HostSays::Build(spec)) => spec,
+            Err(e) => return Err(InitError::Protocol(format!("bad host message: {e}"))),
+        };
+        let mut byte = [0u8; 2];
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+        let (got, mut fds) = warren_init::proto::recv_with_fds(self.socket.as_fd(), &mut byte, &mut control)
+            .step(|| "read the root filesystem from the setup socket".into())?;
+        match (got.bytes, fds.pop()) {
+            (1, Some(root)) if fds.is_empty() => Ok((spec, root)),
+            (0, _) => Err(InitError::Protocol("the host closed the setup socket".into())),
+            (bytes, root) => Err(InitError::Protocol(format!(
+                "expected the root filesystem's descriptor on one byte, got {bytes} bytes and {} descriptors",
+                fds.len() + usize::from(root.is_some())
+            ))),
         }
     }
 
@@ -89,10 +105,12 @@ impl SetupChannel {
 }
 
 /// Runs the whole setup; never returns. The parent half exits 0 after
-/// reporting PID 1, the child half becomes PID 1 and serves.
-pub fn run() -> ! {
+/// reporting PID 1, the child half becomes PID 1 and serves. An exec'd
+/// first init enters a template mount namespace of its own first
+/// (`enter_template`); one the zygote forked is in the zygote's.
+pub fn run(enter_template: bool) -> ! {
     let mut channel = SetupChannel::inherit();
-    let (mut channel, failure) = match prepare(&mut channel) {
+    let (mut channel, failure) = match prepare(&mut channel, enter_template) {
         Ok(prepared) => fork_pid1(channel, prepared),
         Err(e) => (channel, e),
     };
@@ -103,12 +121,17 @@ pub fn run() -> ! {
 /// What steps 1 and 2 produced, carried into the fork.
 struct Prepared {
     spec: BuildSpec,
+    /// The sandbox's root filesystem, a detached mount.
+    root: OwnedFd,
     self_exe: OwnedFd,
 }
 
-fn prepare(channel: &mut SetupChannel) -> Result<Prepared, InitError> {
+fn prepare(channel: &mut SetupChannel, enter_template: bool) -> Result<Prepared, InitError> {
     rustix::process::set_dumpable_behavior(DumpableBehavior::NotDumpable)
         .step(|| "step 1: prctl(PR_SET_DUMPABLE, 0)".into())?;
+    if enter_template {
+        crate::template::enter().step(|| "step 1".into())?;
+    }
     // Opened now, while the host's filesystem is still this process's root:
     // session commands later exec this very binary through it.
     let self_exe = rustix::fs::open(
@@ -129,12 +152,12 @@ fn prepare(channel: &mut SetupChannel) -> Result<Prepared, InitError> {
     // SAFETY: still single-threaded; the descriptor table is not unshared.
     unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNET | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS) }
         .step(|| "step 2: unshare(net, ipc, uts namespaces)".into())?;
-    let spec = channel.read_build()?;
+    let (spec, root) = channel.read_build()?;
     become_root()?;
     // SAFETY: still single-threaded; the descriptor table is not unshared.
     unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNS | UnshareFlags::NEWPID | UnshareFlags::NEWCGROUP) }
         .step(|| "step 3: unshare(mount, pid, cgroup namespaces)".into())?;
-    Ok(Prepared { spec, self_exe })
+    Ok(Prepared { spec, root, self_exe })
 }
 
 /// Takes uid and gid 0 of the new user namespace (mapped by the host to the
@@ -174,7 +197,7 @@ fn fork_pid1(mut channel: SetupChannel, prepared: Prepared) -> (SetupChannel, In
         }
         Ok(Forked::Child) => {
             drop(parent_done_tx);
-            pid1::run(channel, prepared.spec, prepared.self_exe, parent_done_rx)
+            pid1::run(channel, prepared.spec, prepared.root, prepared.self_exe, parent_done_rx)
         }
     }
 }

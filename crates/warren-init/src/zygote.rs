@@ -10,6 +10,10 @@
 //! sandboxes share one. The zygote holds nothing of any sandbox: it closes
 //! its copies of a request's descriptors as soon as the child is forked.
 //!
+//! It lives in the template mount namespace (see `template`), so a first
+//! init's own mount namespace starts as a copy of a dozen mounts, not of
+//! the host's whole table.
+//!
 //! It ends when the node closes its socket (the node exited or replaced
 //! it); sandboxes it started are not its to end.
 
@@ -23,7 +27,7 @@ use warren_init::proto::setup::InitSays;
 use warren_init::proto::zygote::{Reply, Request, MAX_REQUEST_FDS, REQUEST_BYTES, SOCKET_FD};
 use warren_init::proto::{LISTEN_FD, SETUP_FD};
 
-use crate::{setup, sys};
+use crate::{setup, sys, template};
 
 /// Fds at or above this are free in a child while it moves the received
 /// ones into place.
@@ -72,6 +76,8 @@ fn serve() -> io::Result<()> {
     // Whatever else the node's process let through its exec is not ours
     // (and would reach no child, which closes all but its own, anyway).
     sys::close_from(SOCKET_FD + 1)?;
+    // Before the first fork: every first init starts from this namespace.
+    template::enter()?;
     let null = rustix::fs::open("/dev/null", rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC, 0.into())?;
     crate::seccomp::precompile();
     while let Some((request, fds)) = receive(&socket)? {
@@ -179,7 +185,7 @@ fn become_first_init(request: Request, fds: &[OwnedFd], null: &OwnedFd) -> ! {
     if let Err(e) = default_children() {
         fail("restore SIGCHLD", e);
     }
-    setup::run()
+    setup::run(false)
 }
 
 /// `/dev/null` at 0, 1 and 2, the setup socket at [`SETUP_FD`] and the

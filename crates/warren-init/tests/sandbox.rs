@@ -415,17 +415,16 @@ fn the_binary_has_no_program_interpreter() {
 
 #[test]
 fn setup_failure_is_reported_with_the_step() {
+    // An image whose /proc is a symlink would redirect the kernel's proc.
     let failure = start_with(
-        |_| {},
-        |_| BuildSpec {
-            rootfs: "/nonexistent/rootfs".into(),
-            hostname: "x".into(),
-            loopback: false,
-            phase: Default::default(),
+        |root| {
+            std::fs::remove_dir(root.join("proc")).unwrap();
+            std::os::unix::fs::symlink("tmp", root.join("proc")).unwrap();
         },
+        |_| BuildSpec { hostname: "x".into(), loopback: false, phase: Default::default() },
     )
     .err()
-    .expect("a missing rootfs cannot be built");
+    .expect("a rootfs whose /proc is a symlink cannot be built");
     assert!(failure.contains("step 4"), "{failure}");
-    assert!(failure.contains("No such file"), "{failure}");
+    assert!(failure.contains("/proc is not a directory"), "{failure}");
 }

@@ -7,8 +7,9 @@
 //!
 //! Only two mounts per sandbox enter the host's mount table (the tmpfs and
 //! the overlay): the layer clones stay detached, named to overlayfs by
-//! their descriptors. Every mount namespace a new sandbox makes starts as a
-//! copy of that table, so each mount there costs every later create.
+//! their descriptors. The sandbox's own mount namespace is not a copy of
+//! that table but of the init zygote's small template; its first init
+//! gets a detached clone of the overlay ([`clone_for_init`]).
 
 use std::fs;
 use std::io;
@@ -177,6 +178,16 @@ fn mount_overlay(layout: &Layout, lowers: &[OwnedFd]) -> Result<()> {
         .map_err(|e| io_err("fsmount overlay for", &target, e))?;
     move_mount(mnt.as_fd(), "", CWD, &target, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
         .map_err(|e| io_err("move_mount to", &target, e))
+}
+
+/// A detached clone of the overlay at `layout.rootfs()`, for the sandbox's
+/// first init to attach in its own mount namespace: that namespace is a
+/// copy of the init zygote's template, made before this overlay existed
+/// (see `warren-init`'s `template`).
+pub(crate) fn clone_for_init(layout: &Layout) -> Result<OwnedFd> {
+    let root = layout.rootfs();
+    open_tree(CWD, &root, OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC)
+        .map_err(|e| io_err("open_tree", &root, e))
 }
 
 /// Mount points at or below `dir`, deepest (most recently stacked) first.

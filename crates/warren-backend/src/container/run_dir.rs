@@ -115,7 +115,7 @@ fn is_our_tmpfs(path: &Path) -> Result<bool> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// How many mounts sit right at `path`.
@@ -124,8 +124,8 @@ mod tests {
         mountinfo.lines().filter(|line| line.split(' ').nth(4) == Some(path.to_str().unwrap())).count()
     }
 
-    /// Detaches whatever a failed test left mounted at the run dir.
-    struct Unmount(PathBuf);
+    /// Detaches whatever a failed test left mounted at its path.
+    pub(crate) struct Unmount(pub(crate) PathBuf);
     impl Drop for Unmount {
         fn drop(&mut self) {
             let _ = unmount(&self.0, UnmountFlags::NOFOLLOW | UnmountFlags::DETACH);

@@ -435,6 +435,28 @@ impl SetupChannel {
         line.push(b'\n');
         self.writer.write_all(&line).await.map_err(|e| BackendError::io("write setup socket", e))
     }
+
+    /// Sends `fd` on one byte of its own (`SCM_RIGHTS`), after whatever
+    /// was written before.
+    pub(crate) async fn send_fd(&mut self, fd: BorrowedFd<'_>) -> Result<()> {
+        use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        let stream: &UnixStream = self.writer.as_ref();
+        loop {
+            stream.writable().await.map_err(|e| BackendError::io("write setup socket", e))?;
+            let sent = stream.try_io(Interest::WRITABLE, || {
+                let fds = [fd];
+                let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+                let mut control = SendAncillaryBuffer::new(&mut space);
+                control.push(SendAncillaryMessage::ScmRights(&fds));
+                sendmsg(stream, &[IoSlice::new(&[0])], &mut control, SendFlags::NOSIGNAL).map_err(io::Error::from)
+            });
+            match sent {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(BackendError::io("send the root filesystem on the setup socket", e)),
+            }
+        }
+    }
 }
 
 pub(crate) fn unexpected(expected: &str, said: InitSays) -> BackendError {
@@ -526,6 +548,51 @@ mod tests {
         let missing = InitZygote::new("/nonexistent/warren-init".into());
         let error = missing.spawn_init(listener, &target, 0).err().unwrap();
         assert!(error.to_string().contains("start the init zygote /nonexistent/warren-init"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_first_init_starts_in_the_template_namespace_with_none_of_the_hosts_other_mounts() {
+        let (cgroup, _cleanup) = test_cgroup("wt-template");
+        let dir = tempfile::tempdir().unwrap();
+        // A mount of the host's made before the zygote starts, like a
+        // running sandbox's: the template must not have it.
+        let host_mount = dir.path().join("host-mount");
+        fs::create_dir(&host_mount).unwrap();
+        rustix::mount::mount("tmpfs", &host_mount, "tmpfs", rustix::mount::MountFlags::empty(), c"size=4k").unwrap();
+        let _unmount = crate::container::run_dir::tests::Unmount(host_mount.clone());
+        let layout = Layout::new(dir.path(), "sb");
+        fs::create_dir(layout.dir()).unwrap();
+        let target = cgroup.spawn_target().unwrap();
+        let zygote = InitZygote::new(init_binary());
+        let (mut first, mut setup) = zygote.spawn_init(bind_control(&layout).unwrap(), &target, 0).unwrap();
+        assert!(matches!(setup.next().await.unwrap(), InitSays::UsernsReady));
+
+        let mountinfo = fs::read_to_string(format!("/proc/{}/mountinfo", first.pid())).unwrap();
+        let mounts: Vec<(&str, &str)> = mountinfo
+            .lines()
+            .map(|line| {
+                let fields: Vec<&str> = line.split(' ').collect();
+                let fs_type = line.split(" - ").nth(1).and_then(|rest| rest.split(' ').next()).unwrap();
+                (fields[4], fs_type)
+            })
+            .collect();
+        let root: Vec<_> = mountinfo.lines().filter(|line| line.split(' ').nth(4) == Some("/")).collect();
+        assert_eq!(root.len(), 1, "{mountinfo}");
+        assert!(root[0].contains(" ro,") && root[0].contains(" - tmpfs "), "a read-only tmpfs as /: {}", root[0]);
+        for (point, fs_type) in &mounts {
+            let from_host =
+                ["/proc", "/sys", "/dev"].iter().any(|tree| point == tree || point.starts_with(&format!("{tree}/")));
+            assert!(*point == "/" || from_host, "{point} ({fs_type}) leaked into the template:\n{mountinfo}");
+        }
+        for tree in ["/proc", "/sys", "/dev"] {
+            assert!(mounts.iter().any(|(point, _)| point == &tree), "{tree} missing:\n{mountinfo}");
+        }
+        assert!(!mountinfo.contains(host_mount.to_str().unwrap()));
+        // The sandbox's mount point, empty.
+        let sandbox_root = format!("/proc/{}/root/sandbox", first.pid());
+        assert_eq!(fs::read_dir(&sandbox_root).unwrap().count(), 0);
+        first.kill();
+        first.wait().await.unwrap();
     }
 
     #[tokio::test]

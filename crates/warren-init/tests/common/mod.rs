@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -99,13 +99,8 @@ pub fn start_sandbox() -> Sandbox {
 /// Like [`start_sandbox`], with `add` putting extra files into the rootfs
 /// (before it is chowned to the sandbox's base uid).
 pub fn start_sandbox_adding(add: impl FnOnce(&Path)) -> Sandbox {
-    start_with(add, |root| BuildSpec {
-        rootfs: root.display().to_string(),
-        hostname: "sbx".into(),
-        loopback: true,
-        phase: Default::default(),
-    })
-    .unwrap_or_else(|failure| panic!("setup failed: {failure}"))
+    start_with(add, |_| BuildSpec { hostname: "sbx".into(), loopback: true, phase: Default::default() })
+        .unwrap_or_else(|failure| panic!("setup failed: {failure}"))
 }
 
 /// Runs the setup sequence; `Err` carries init's `Failed` message.
@@ -135,6 +130,7 @@ pub fn start_with(add: impl FnOnce(&Path), spec: impl FnOnce(&Path) -> BuildSpec
     }
     let build = serde_json::to_string(&HostSays::Build(spec(&root))).unwrap();
     host.write_all(format!("{build}\n").as_bytes()).unwrap();
+    send_root(&host, &root);
     let pid1 = match read_says(&mut reader) {
         InitSays::Pid1 { pid } => pid,
         InitSays::Failed { message } => {
@@ -150,6 +146,20 @@ pub fn start_with(add: impl FnOnce(&Path), spec: impl FnOnce(&Path) -> BuildSpec
         InitSays::Failed { message } => Err(message),
         other => panic!("expected Ready, got {other:?}"),
     }
+}
+
+/// The root filesystem as the driver sends it after the build order: a
+/// detached mount (here a bind of the directory) on one byte of its own.
+pub fn send_root(host: &UnixStream, root: &Path) {
+    use rustix::mount::{open_tree, OpenTreeFlags};
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let tree = open_tree(rustix::fs::CWD, root, OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC)
+        .expect("open_tree of the rootfs");
+    let fds = [tree.as_fd()];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
+    sendmsg(host, &[std::io::IoSlice::new(&[0])], &mut control, SendFlags::NOSIGNAL).expect("send the rootfs");
 }
 
 pub fn spawn_init(setup: &UnixStream, listener: &UnixListener) -> Child {
