@@ -221,6 +221,7 @@ mod tests {
             idle_cpu_window: Duration::ZERO,
             settle: Duration::ZERO,
             pool_size: 1,
+            held_cold_samples: 0,
         };
         let mut a = Fake { c: Contender::new("a", "1"), colds: 0 };
         let mut b = Fake { c: Contender::new("b", "1"), colds: 0 };

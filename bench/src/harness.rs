@@ -181,8 +181,14 @@ pub trait IdleHolder: Sync {
 }
 
 /// Starts `plan.idle` sandboxes with `plan.clients` threads, lets them
-/// settle, reads host memory and idle CPU, then stops them all.
-pub fn idle<T: IdleHolder>(plan: &Plan, holder: &T) -> Result<Measured<IdleMemory>> {
+/// settle, reads host memory and idle CPU, takes `plan.held_cold_samples`
+/// cycles of `cold` (the contender's cold create+exec+destroy) while they
+/// are all still there, then stops them all.
+pub fn idle<T: IdleHolder>(
+    plan: &Plan,
+    holder: &T,
+    cold: impl FnMut() -> Result<Duration>,
+) -> Result<Measured<IdleMemory>> {
     let mut workers: Vec<T::Worker> = (0..plan.clients.max(1)).map(|_| holder.worker()).collect::<Result<_>>()?;
     let before = host::settled_mem_snapshot()?;
     let cpu = CpuSnapshot::now()?;
@@ -200,7 +206,7 @@ pub fn idle<T: IdleHolder>(plan: &Plan, holder: &T) -> Result<Measured<IdleMemor
     };
 
     // Whatever happens here, the handles are stopped below (or by their Drop).
-    let measured = measure_idle(plan, holder, &handles, &mut m);
+    let measured = measure_idle(plan, holder, &handles, &mut m, cold);
 
     let stopped_at = Instant::now();
     m.stop_failures = stop_all(holder, &mut workers, handles);
@@ -259,7 +265,13 @@ fn start_here<T: IdleHolder>(holder: &T, workers: &mut [T::Worker], n: usize) ->
     (handles, failures)
 }
 
-fn measure_idle<T: IdleHolder>(plan: &Plan, holder: &T, handles: &[T::Handle], m: &mut IdleMemory) -> Result<()> {
+fn measure_idle<T: IdleHolder>(
+    plan: &Plan,
+    holder: &T,
+    handles: &[T::Handle],
+    m: &mut IdleMemory,
+    cold: impl FnMut() -> Result<Duration>,
+) -> Result<()> {
     check_interrupt()?;
     if handles.is_empty() {
         return Ok(());
@@ -275,6 +287,14 @@ fn measure_idle<T: IdleHolder>(plan: &Plan, holder: &T, handles: &[T::Handle], m
     let quiet = CpuSnapshot::now()?;
     std::thread::sleep(plan.idle_cpu_window);
     m.idle_cpu = Some(quiet.since()?);
+    if plan.held_cold_samples > 0 {
+        // A failure spoils only this figure, not the memory measure.
+        match sequential(plan.warmup, plan.held_cold_samples, cold) {
+            Ok(cycles) => m.cold_while_held = Some(cycles.value),
+            Err(BenchError::Interrupted) => return Err(BenchError::Interrupted),
+            Err(e) => m.extra.push(("cold cycles while held".into(), format!("failed: {e}"))),
+        }
+    }
     Ok(())
 }
 
@@ -312,6 +332,7 @@ mod tests {
             idle_cpu_window: Duration::from_millis(10),
             settle: Duration::from_millis(1),
             pool_size: 1,
+            held_cold_samples: 0,
         }
     }
 
@@ -413,7 +434,14 @@ mod tests {
     fn idle_stops_everything_it_started_even_when_ready_fails() {
         for fail_ready in [false, true] {
             let counter = Counter { live: Arc::new(AtomicU64::new(0)), fail_ready };
-            let got = idle(&plan(), &counter);
+            // Each cold cycle sees every started sandbox still there.
+            let live = Arc::clone(&counter.live);
+            let held = std::cell::RefCell::new(Vec::new());
+            let plan = Plan { held_cold_samples: 3, ..plan() };
+            let got = idle(&plan, &counter, || {
+                held.borrow_mut().push(live.load(Ordering::Relaxed));
+                Ok(Duration::from_millis(1))
+            });
             assert_eq!(counter.live.load(Ordering::Relaxed), 0, "all stopped (fail_ready={fail_ready})");
             if fail_ready {
                 assert!(got.is_err());
@@ -421,6 +449,8 @@ mod tests {
                 let m = got.unwrap().value;
                 assert_eq!((m.requested, m.started, m.start_failures.count), (20, 19, 1));
                 assert_eq!(m.cgroup_bytes, Some(190));
+                assert_eq!(held.into_inner(), vec![19; plan.warmup + 3]);
+                assert_eq!(m.cold_while_held.map(|cold| cold.len()), Some(3));
             }
         }
     }

@@ -105,8 +105,8 @@ struct Args {
 
 impl Args {
     fn plan(&self) -> Plan {
-        let (samples, warmup, exec, sustain, idle, pool) =
-            if self.quick { (20, 2, 50, 5, 50, 4) } else { (200, 5, 1000, 60, 1000, 16) };
+        let (samples, warmup, exec, sustain, idle, pool, held) =
+            if self.quick { (20, 2, 50, 5, 50, 4, 10) } else { (200, 5, 1000, 60, 1000, 16, 50) };
         Plan {
             samples: self.samples.unwrap_or(samples),
             warmup: self.warmup.unwrap_or(warmup),
@@ -117,6 +117,7 @@ impl Args {
             idle_cpu_window: Duration::from_secs(if self.quick { 2 } else { 5 }),
             settle: Duration::from_secs(2),
             pool_size: self.pool_size.unwrap_or(pool).max(1),
+            held_cold_samples: held,
         }
     }
 

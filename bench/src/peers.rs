@@ -188,7 +188,8 @@ impl Contestant for BwrapContestant {
 
     fn idle(&mut self, plan: &Plan) -> Result<Measured<IdleMemory>> {
         let cgroup = CgroupDir::create(&format!("{}bwrap", cleanup::own_prefix(std::process::id())))?;
-        harness::idle(plan, &BwrapIdle { bwrap: &self.bwrap, cgroup })
+        let bwrap = &self.bwrap;
+        harness::idle(plan, &BwrapIdle { bwrap, cgroup }, || bwrap.cold())
     }
 }
 
@@ -620,7 +621,8 @@ impl Contestant for OciContestant {
     }
 
     fn idle(&mut self, plan: &Plan) -> Result<Measured<IdleMemory>> {
-        harness::idle(plan, &OciIdle { oci: &self.oci })
+        let oci = &self.oci;
+        harness::idle(plan, &OciIdle { oci }, || oci.run_once())
     }
 }
 
@@ -675,6 +677,7 @@ mod tests {
             idle_cpu_window: Duration::from_millis(10),
             settle: Duration::from_millis(300),
             pool_size: 1,
+            held_cold_samples: 2,
         }
     }
 
@@ -684,8 +687,9 @@ mod tests {
         let bwrap = Bwrap::new(&root);
         let name = format!("{}bwrap-test", cleanup::own_prefix(std::process::id()));
         let holder = BwrapIdle { bwrap: &bwrap, cgroup: CgroupDir::create(&name).unwrap() };
-        let m = harness::idle(&small_plan(), &holder).unwrap().value;
+        let m = harness::idle(&small_plan(), &holder, || bwrap.cold()).unwrap().value;
         assert_eq!((m.started, m.start_failures.count, m.stop_failures.count), (5, 0, 0));
+        assert_eq!(m.cold_while_held.map(|cold| cold.len()), Some(2));
         assert!(m.cgroup_bytes.is_some_and(|b| b > 0));
         let left = fs::read_to_string(holder.cgroup.path.join("cgroup.procs")).unwrap();
         assert!(left.trim().is_empty(), "still in the cgroup: {left}");
@@ -695,7 +699,7 @@ mod tests {
     fn idle_crun_containers_are_counted_and_deleted() {
         let (tmp, root) = rootfs();
         let oci = Oci::new(Runtime::Crun, tmp.path(), &root).unwrap();
-        let m = harness::idle(&small_plan(), &OciIdle { oci: &oci }).unwrap().value;
+        let m = harness::idle(&small_plan(), &OciIdle { oci: &oci }, || oci.run_once()).unwrap().value;
         assert_eq!((m.started, m.stop_failures.count), (5, 0));
         assert!(m.cgroup_bytes.is_some_and(|b| b > 0), "{}", m.cgroup_source);
         let list = oci.command().args(["list", "-q"]).output().unwrap();

@@ -73,7 +73,7 @@ fn header(out: &mut String, run: &Run<'_>) {
     let _ = writeln!(
         out,
         "- Plan: {} cold/warm samples after {} unrecorded warm-up cycles; {} exec samples; {} s sustained with {} \
-         clients; {} idle sandboxes; warm pool of {}. Cold and exec samples are interleaved round by round \
+         clients; {} idle sandboxes, and {} cold cycles while they are held; warm pool of {}. Cold and exec samples are interleaved round by round \
          across the contenders (one sample at a time, rotating who goes first), and the sustained window is cut \
          into slices the contenders take in turn, so all of them see the same background load; idle memory and \
          the warm pool are measured one contender at a time. Percentiles are nearest-rank (every figure is a \
@@ -84,6 +84,7 @@ fn header(out: &mut String, run: &Run<'_>) {
         p.sustain.as_secs(),
         p.clients,
         p.idle,
+        p.held_cold_samples,
         p.pool_size
     );
     let _ = writeln!(out, "\n| tool | version |\n|---|---|");
@@ -242,7 +243,7 @@ fn side_by_side(out: &mut String, run: &Run<'_>) {
     let names: Vec<&str> = run.contenders.iter().map(|c| c.name.as_str()).collect();
     let _ = writeln!(out, "## Side by side\n\n| measure | {} |", names.join(" | "));
     let _ = writeln!(out, "|---|{}", "---|".repeat(names.len()));
-    let rows: [(&str, Cell); 10] = [
+    let rows: [(&str, Cell); 12] = [
         ("cold create+exec+destroy p50", |c| lat(&c.cold)?.p50().map(stats::ms)),
         ("cold create+exec+destroy p99", |c| lat(&c.cold)?.p99().map(stats::ms)),
         ("warm claim+exec p50", |c| lat(&c.warm)?.p50().map(stats::ms)),
@@ -253,12 +254,22 @@ fn side_by_side(out: &mut String, run: &Run<'_>) {
         ("sustained errors", |c| c.sustained.done().map(|m| m.value.cycles.failures.count.to_string())),
         ("host memory per idle sandbox (MemAvailable)", |c| c.idle.done()?.value.per_sandbox_drop().map(stats::bytes)),
         ("memory cgroup per idle sandbox", |c| c.idle.done()?.value.per_sandbox_cgroup().map(stats::bytes)),
+        ("cold create+exec+destroy p50 while the idle sandboxes are held", |c| held_cold_p50(c).map(stats::ms)),
+        ("- over cold p50 with none held", |c| {
+            let (held, none) = (secs(held_cold_p50(c))?, secs(lat(&c.cold)?.p50())?);
+            (none > 0.0).then(|| format!("{:.2}x", held / none))
+        }),
     ];
     for (label, cell) in rows {
         let cells: Vec<String> = run.contenders.iter().map(|c| cell(c).unwrap_or_else(|| "-".into())).collect();
         let _ = writeln!(out, "| {label} | {} |", cells.join(" | "));
     }
     let _ = writeln!(out, "\n`-`: not applicable or failed; see the details below.\n");
+}
+
+/// The cold cycle's p50 taken while the contender's idle sandboxes were held.
+fn held_cold_p50(c: &Contender) -> Option<Duration> {
+    c.idle.done()?.value.cold_while_held.as_ref()?.p50()
 }
 
 fn secs(d: Option<Duration>) -> Option<f64> {
@@ -285,13 +296,14 @@ fn ratios(out: &mut String, run: &Run<'_>) {
         names.iter().map(|n| format!("Warren / {n}")).collect::<Vec<_>>().join(" | ")
     );
     let _ = writeln!(out, "|---|{}", "---|".repeat(names.len()));
-    let rows: [(&str, Figure); 6] = [
+    let rows: [(&str, Figure); 7] = [
         ("cold p50", |c| secs(lat(&c.cold)?.p50())),
         ("cold p99", |c| secs(lat(&c.cold)?.p99())),
         ("exec round trip p50", |c| secs(lat(&c.exec)?.p50())),
         ("exec round trip p99", |c| secs(lat(&c.exec)?.p99())),
         ("sustained creations/s", |c| c.sustained.done().map(|m| m.value.per_second())),
         ("host memory per idle sandbox (MemAvailable)", |c| c.idle.done()?.value.per_sandbox_drop()),
+        ("cold p50 while the idle sandboxes are held", |c| secs(held_cold_p50(c))),
     ];
     for (label, figure) in rows {
         let cells: Vec<String> = peers
@@ -482,6 +494,17 @@ fn idle_section(out: &mut String, o: &Outcome<IdleMemory>, nproc: usize) {
     for (label, value) in &m.extra {
         let _ = writeln!(out, "- {label}: {value}");
     }
+    if let Some(cold) = &m.cold_while_held {
+        let _ = writeln!(
+            out,
+            "- cold create+exec+destroy while all {} were held: p50 {}, p99 {} ({} cycles, failures: {})",
+            m.started,
+            cold.p50().map_or("-".into(), stats::ms),
+            cold.p99().map_or("-".into(), stats::ms),
+            cold.len(),
+            cold.failures.summary()
+        );
+    }
     if let Some(cpu) = m.idle_cpu {
         let _ = writeln!(
             out,
@@ -530,6 +553,7 @@ mod tests {
             idle_cpu_window: Duration::from_secs(1),
             settle: Duration::from_secs(1),
             pool_size: 4,
+            held_cold_samples: 0,
         };
         let mut w = Contender::new("Warren", "warren 0.1.0");
         w.cold = measured(lat_ms(&[warren_cold, warren_cold, warren_cold]));
@@ -541,6 +565,7 @@ mod tests {
             started: 10,
             before: crate::host::MemSnapshot { available: 10 * 512 * 1024, kernel_pinned: 0 },
             cgroup_bytes: Some(10 * 256 * 1024),
+            cold_while_held: Some(lat_ms(&[8, 8, 8])),
             ..Default::default()
         });
         let mut b = Contender::new("bwrap", "bubblewrap 0.8.0");
@@ -582,6 +607,9 @@ mod tests {
     fn tables_carry_ratios_versions_and_failures_without_breaking_rows() {
         let text = sample_run(4);
         assert!(text.contains("| cold p50 | 0.80 |"), "{text}");
+        assert!(text.contains("| cold create+exec+destroy p50 while the idle sandboxes are held | 8.00 ms | - |"));
+        assert!(text.contains("| - over cold p50 with none held | 2.00x | - |"), "{text}");
+        assert!(text.contains("- cold create+exec+destroy while all 10 were held: p50 8.00 ms, p99 8.00 ms (3 cycles"));
         assert!(text.contains("| bwrap | bubblewrap 0.8.0 |"));
         assert!(text.contains("failed: boom / bang"));
         assert!(text.contains("Test CPU, 2 CPUs"));

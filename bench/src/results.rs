@@ -79,6 +79,10 @@ pub struct IdleMemory {
     pub extra: Vec<(String, String)>,
     /// Host CPU over a quiet window with all of them idle.
     pub idle_cpu: Option<CpuUse>,
+    /// Cold create+exec+destroy cycles taken while all of them were held:
+    /// what density does to a create (every mount a live sandbox leaves in
+    /// the host's table, every cgroup, is there for the next one to meet).
+    pub cold_while_held: Option<Latencies>,
     pub start_wall: Duration,
     pub stop_wall: Duration,
     pub stop_failures: Failures,
@@ -190,6 +194,9 @@ pub struct Plan {
     /// Wait after the idle sandboxes are up before memory is read.
     pub settle: Duration,
     pub pool_size: usize,
+    /// Cold cycles taken while the idle sandboxes are held (after as many
+    /// unrecorded ones as `warmup`).
+    pub held_cold_samples: usize,
 }
 
 #[cfg(test)]

@@ -643,7 +643,8 @@ impl Contestant for WarrenContestant {
             server_pid: server.pid(),
             server_rss_before: host::process_rss_bytes(server.pid()).unwrap_or(0),
         };
-        harness::idle(plan, &holder)
+        let client = &self.client;
+        harness::idle(plan, &holder, || cold_cycle(client, &mut Steps::default()))
     }
 
     fn extra(&mut self, plan: &Plan) -> Result<()> {
