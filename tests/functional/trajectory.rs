@@ -380,3 +380,43 @@ async fn wait_expired(server: &TestServer, id: &str, exec_id: &str) {
         sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Uploads a sandbox's trajectory keeps for replay are bounded too (here
+/// 1 MiB, each distinct content once): an upload past the budget is logged
+/// by its digest only and a replay skips it; the count is rebuilt from the
+/// log after a restart. Without the bound, every version of every file a
+/// harness writes would stay on the node's disk for the log's retention.
+#[tokio::test]
+async fn a_sandbox_keeps_uploads_for_replay_only_up_to_the_budget() {
+    let mut server = TestServer::start_with(&["--upload-retention-mib", "1"]).await;
+    let sb = server.create_small().await;
+    let id = sb.id.clone();
+    let content = |c: char| c.to_string().repeat(400 << 10);
+    for (step, path, c) in [(1, "/tmp/a", 'a'), (2, "/tmp/a-again", 'a'), (3, "/tmp/b", 'b')] {
+        let answer = upload_step(&server, &id, Some(step), path, &content(c)).await;
+        assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
+    }
+    // a and b: 800 KiB. After a restart, c would make 1.2 MiB: not kept;
+    // a fourth copy of a costs nothing and is.
+    server.restart().await;
+    for (step, path, c) in [(4, "/tmp/c", 'c'), (5, "/tmp/a-third", 'a')] {
+        let answer = upload_step(&server, &id, Some(step), path, &content(c)).await;
+        assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
+    }
+    assert_eq!(data_files(&server, &id), 2, "a and b kept, c not");
+    // Every upload took effect in the sandbox, whatever was kept of it.
+    let sizes = server.sh(&id, "wc -c < /tmp/c; wc -c < /tmp/a-third").await;
+    assert_eq!(stdout(&sizes).split_whitespace().collect::<Vec<_>>(), ["409600", "409600"]);
+
+    let (status, body) =
+        server.call(Method::POST, &format!("/v1/sandboxes/{id}/trajectory/replay"), Some(&json!({}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let report: ReplayReport = serde_json::from_value(body.clone()).expect("a replay report");
+    let outcomes: Vec<ReplayOutcome> = report.steps.iter().map(|s| s.outcome).collect();
+    use ReplayOutcome::*;
+    // Step 6, the check above, is logged too: in the replay /tmp/c is missing.
+    assert_eq!(outcomes, [Match, Match, Match, Skipped, Match, Mismatch], "{body}");
+    let why = report.steps[3].message.as_deref().unwrap_or_default();
+    assert!(why.contains("upload budget"), "{why}");
+    server.finish().await;
+}

@@ -147,6 +147,10 @@ pub struct NodeConfig {
     /// Captured output of finished execs a sandbox keeps on the node (exec
     /// results and trajectory) before the oldest outputs are dropped.
     pub exec_output_retention_bytes: u64,
+    /// Bytes of uploads a sandbox's trajectory keeps for replay (each
+    /// distinct content once); past it an upload is logged by its digest
+    /// only, as one larger than [`trajectory::KEEP_UPLOAD_BYTES`] is.
+    pub upload_retention_bytes: u64,
     /// Sandbox ids are `<prefix>-<16 hex digits>`: [`SANDBOX_ID_PREFIX`]
     /// alone, or `sb-<node name>` on a cluster's node, so that any API
     /// server can tell a sandbox's node from its id.
@@ -167,6 +171,10 @@ pub const SANDBOX_ID_PREFIX: &str = "sb";
 /// twice its size in the exec record (text and base64) and again in the
 /// trajectory.
 pub const DEFAULT_EXEC_OUTPUT_RETENTION_MIB: u64 = 16;
+
+/// Default of [`NodeConfig::upload_retention_bytes`], MiB: half of a
+/// default sandbox's disk, eight uploads of the largest size kept.
+pub const DEFAULT_UPLOAD_RETENTION_MIB: u64 = 512;
 
 /// Default of [`NodeConfig::ended_retention`]: one hour.
 pub const DEFAULT_ENDED_RETENTION_SECS: u64 = 3600;
@@ -259,6 +267,9 @@ struct Live {
     limits: Mutex<limits::LimitWatch>,
     /// The finished execs' outputs it keeps on the node (see `retention`).
     outputs: Mutex<retention::OutputLedger>,
+    /// Bytes of the uploads its trajectory keeps; `None` until the first
+    /// upload since the server started counts them (see `trajectory`).
+    kept_upload_bytes: Mutex<Option<u64>>,
     /// Since when every probe found PID 1 there but not answering.
     unanswered_since: Mutex<Option<std::time::Instant>>,
     /// A probe of this sandbox is in flight; the reaper starts no second one.
@@ -290,6 +301,7 @@ impl Live {
             phase_switch: tokio::sync::Mutex::new(()),
             limits: Mutex::new(limits::LimitWatch::default()),
             outputs: Mutex::new(retention::OutputLedger::default()),
+            kept_upload_bytes: Mutex::new(None),
             unanswered_since: Mutex::new(None),
             probing: AtomicBool::new(false),
             probes: AtomicU64::new(0),
@@ -1139,13 +1151,15 @@ impl Node {
         live.touch();
         self.check_image_unused(&req.image)?;
         let base = live.record().info.image.clone();
-        if self.inner.images.get(&base).is_err() {
-            if let Some(layered) = self.layered().filter(|_| !live._layers.is_empty()) {
-                return self.pack_layered(&layered, live, &base, req).await;
-            }
-        }
+        let base_image = match self.inner.images.get(&base) {
+            Ok(image) => image,
+            Err(not_a_directory_image) => match self.layered().filter(|_| !live._layers.is_empty()) {
+                Some(layered) => return self.pack_layered(&layered, live, &base, req).await,
+                None => return Err(not_a_directory_image.into()),
+            },
+        };
+        let lowers: Vec<PathBuf> = base_image.layers().iter().map(|l| l.path().to_path_buf()).collect();
         let images = Arc::clone(&self.inner.images);
-        let lowers: Vec<PathBuf> = images.get(&base)?.layers().iter().map(|l| l.path().to_path_buf()).collect();
         let img = tokio::task::spawn_blocking(move || {
             let mut backend_error = None;
             let made = images.extend(&req.image, &base, |dst| {

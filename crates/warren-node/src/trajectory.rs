@@ -15,7 +15,8 @@
 //! made from, and when it ended); [`Table::TrajectorySteps`] the steps,
 //! keyed `<sandbox>/<step:020>`. Exec output above [`INLINE_OUTPUT_BYTES`]
 //! and the bytes of uploads up to [`KEEP_UPLOAD_BYTES`] (so a replay can
-//! write them again) are data files under `<data_dir>/trajectory/<sandbox>/`,
+//! write them again; each sandbox's up to `NodeConfig::upload_retention_bytes`)
+//! are data files under `<data_dir>/trajectory/<sandbox>/`,
 //! named by their sha256. The log outlives the sandbox by the node's
 //! `trajectory_retention`. Exec output counts against the sandbox's output
 //! budget (see `retention`): past it the oldest steps' output is dropped
@@ -41,7 +42,7 @@ use warren_api::{
 use warren_store::{StateStoreExt, Table, Write};
 
 use crate::records::{self, SandboxRecord};
-use crate::{now_ms, ExecEntry, Node, NodeError, Result};
+use crate::{now_ms, ExecEntry, Live, Node, NodeError, Result};
 
 mod replay;
 
@@ -753,6 +754,7 @@ impl Node {
         step: Option<u64>,
     ) -> Result<Stepped<FileStat>> {
         let root = self.fs_root(id)?;
+        let live = self.live(id)?;
         let dir = self.trajectory_dir(id);
         let staged_path = path.clone();
         let mut staged = blocking(move || {
@@ -778,9 +780,10 @@ impl Node {
         let (n, claim) = blocking(move || node.claim(&sandbox, step, StepKind::FileWrite, &hashed)).await?;
         match claim {
             Claim::Fresh => {
+                let node = self.clone();
                 let committed = blocking(move || {
                     let stat = staged.writer.commit()?;
-                    let kept = staged.kept.keep(&digest);
+                    let kept = node.keep_upload(&live, &mut staged.kept, staged.size, &digest);
                     Ok((stat, kept))
                 })
                 .await;
@@ -812,6 +815,52 @@ impl Node {
                 Ok(Stepped { step: n, value: logged_response(rec)? })
             }
         }
+    }
+
+    /// Keeps the upload's copy (`size` bytes) under `digest` if the sandbox's upload budget
+    /// ([`crate::NodeConfig::upload_retention_bytes`]) has room for it; a
+    /// content it keeps already costs nothing. Under the sandbox's lock, so
+    /// concurrent uploads cannot overrun the budget together.
+    fn keep_upload(&self, live: &Live, copy: &mut KeptUpload, size: u64, digest: &str) -> bool {
+        if !copy.has_copy() {
+            return false;
+        }
+        let mut kept_bytes = live.kept_upload_bytes.lock().unwrap_or_else(|p| p.into_inner());
+        let total = match *kept_bytes {
+            Some(total) => total,
+            None => match self.kept_upload_total(&live.id) {
+                Ok(total) => total,
+                Err(e) => {
+                    tracing::warn!(sandbox = %live.id, "cannot count the uploads the trajectory keeps: {e}");
+                    return false;
+                }
+            },
+        };
+        let cost = if copy.dir.join(digest).exists() { 0 } else { size };
+        if total.saturating_add(cost) > self.inner.cfg.upload_retention_bytes {
+            *kept_bytes = Some(total);
+            return false;
+        }
+        let kept = copy.keep(digest);
+        *kept_bytes = Some(if kept { total + cost } else { total });
+        kept
+    }
+
+    /// Bytes of the distinct uploads the sandbox's trajectory keeps, from
+    /// its steps.
+    fn kept_upload_total(&self, sandbox: &str) -> Result<u64> {
+        let mut seen = std::collections::HashSet::new();
+        let mut total = 0u64;
+        for (_, rec) in self.store().list_json::<StepRecord>(Table::TrajectorySteps, &format!("{sandbox}/"))? {
+            if rec.step.kind != StepKind::FileWrite || !rec.content_kept {
+                continue;
+            }
+            let digest = rec.step.request.get("sha256").and_then(|v| v.as_str()).unwrap_or_default().to_string();
+            if seen.insert(digest) {
+                total += rec.step.request.get("size_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
+            }
+        }
+        Ok(total)
     }
 
     // ---- reading the log ------------------------------------------------------
@@ -1039,6 +1088,11 @@ impl KeptUpload {
         if let Some((path, _)) = self.temp.take() {
             let _ = std::fs::remove_file(path);
         }
+    }
+
+    /// Whether there is a copy to keep (none past [`KEEP_UPLOAD_BYTES`]).
+    fn has_copy(&self) -> bool {
+        self.temp.is_some()
     }
 
     /// Keeps the copy under `digest`; false when there is none.

@@ -126,6 +126,11 @@ pub struct ServeArgs {
     /// newest exec's output is always kept.
     #[arg(long, default_value_t = warren_node::DEFAULT_EXEC_OUTPUT_RETENTION_MIB)]
     pub exec_output_retention_mib: u64,
+    /// Uploads a sandbox's trajectory keeps for replay, in MiB (each
+    /// distinct content once; an upload above 64 MiB never is): past it
+    /// an upload is logged by its digest only and a replay skips it.
+    #[arg(long, default_value_t = warren_node::DEFAULT_UPLOAD_RETENTION_MIB)]
+    pub upload_retention_mib: u64,
     /// How long (ms) a create may take before it is abandoned, what it made
     /// removed, and the caller answered 504 `timed_out`.
     #[arg(long, default_value_t = warren_node::DEFAULT_CREATE_TIMEOUT.as_millis() as u64)]
@@ -252,6 +257,7 @@ impl ServeArgs {
             ended_retention_secs: warren_node::DEFAULT_ENDED_RETENTION_SECS,
             trajectory_retention_secs: warren_node::trajectory::DEFAULT_TRAJECTORY_RETENTION_SECS,
             exec_output_retention_mib: warren_node::DEFAULT_EXEC_OUTPUT_RETENTION_MIB,
+            upload_retention_mib: warren_node::DEFAULT_UPLOAD_RETENTION_MIB,
             create_timeout_ms: warren_node::DEFAULT_CREATE_TIMEOUT.as_millis() as u64,
             sandbox_net: None,
             sandbox_net6: None,
@@ -419,6 +425,7 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
             ended_retention: std::time::Duration::from_secs(args.ended_retention_secs),
             trajectory_retention: std::time::Duration::from_secs(args.trajectory_retention_secs),
             exec_output_retention_bytes: args.exec_output_retention_mib.saturating_mul(1 << 20),
+            upload_retention_bytes: args.upload_retention_mib.saturating_mul(1 << 20),
             create_timeout: std::time::Duration::from_millis(args.create_timeout_ms),
             network: warren_node::NetworkOptions {
                 pool: args.sandbox_net.clone(),

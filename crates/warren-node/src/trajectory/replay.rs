@@ -56,7 +56,9 @@ impl Node {
         match self.replay_call(source, fresh, logged, sessions).await {
             Ok(None) => {
                 out.outcome = ReplayOutcome::Skipped;
-                out.message = Some("the upload's bytes were not kept (larger than the keep limit)".into());
+                out.message = Some(
+                    "the upload's bytes were not kept (larger than 64 MiB, or past the sandbox's upload budget)".into(),
+                );
             }
             Ok(Some(result)) => {
                 out.differences = differences(logged.result.as_ref(), &result);
