@@ -2,7 +2,8 @@
 //! microVM's guest (see `vm`), and in a full VM a service of the guest's
 //! systemd (see `vm::systemd`).
 //!
-//! Owns: building the sandbox from inside (namespaces it enters, its mounts,
+//! Owns: building the sandbox from inside (the template mount namespace
+//! its zygote starts first inits in, namespaces it enters, its mounts,
 //! `pivot_root`, masks, capability drop, the seccomp filter and the record of
 //! what it refused), reaping orphans, running commands with their output
 //! streamed back, killing whole process trees on request, and phases: one

@@ -82,6 +82,7 @@ impl SetupChannel {
             Ok(HostSays::Build(spec)) => spec,
             Err(e) => return Err(InitError::Protocol(format!("bad host message: {e}"))),
         };
+        // Room for a second byte, so that a host sending more is caught.
         let mut byte = [0u8; 2];
         let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
@@ -132,8 +133,8 @@ fn prepare(channel: &mut SetupChannel, enter_template: bool) -> Result<Prepared,
     if enter_template {
         crate::template::enter().step(|| "step 1".into())?;
     }
-    // Opened now, while the host's filesystem is still this process's root:
-    // session commands later exec this very binary through it.
+    // Opened now, long before the pivot into the image: session commands
+    // later exec this very binary through it.
     let self_exe = rustix::fs::open(
         "/proc/self/exe",
         rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
