@@ -1,8 +1,8 @@
 //! The template mount namespace the init zygote lives in, and so every
-//! first init it forks: a small read-only tmpfs as `/` holding the host's
-//! `/proc`, `/sys` and `/dev` (recursive binds) and an empty mount point
-//! for the sandbox's root ([`SANDBOX_ROOT`]), and nothing else of the
-//! host.
+//! first init it forks: a small read-only tmpfs as `/` holding binds of
+//! the host's `/proc`, `/sys` and `/dev` (without what is mounted below
+//! them) and an empty mount point for the sandbox's root
+//! ([`SANDBOX_ROOT`]), and nothing else of the host: four mounts.
 //!
 //! Why: `unshare(CLONE_NEWNS)` copies the caller's whole mount table and
 //! the detach after `pivot_root` tears the copy down again, both in time
@@ -10,14 +10,17 @@
 //! table (its tmpfs and its overlay), so a first init forked in the host's
 //! namespace made each create slower with every sandbox already running
 //! (measured: 3.9 ms with none, 14.2 ms with 1,000; `unshare -m true`
-//! alone 1.6 and 8.0 ms). From the template the copy is a dozen mounts
+//! alone 1.6 and 8.0 ms). From the template the copy is four mounts
 //! however many sandboxes run. The zygote pays one copy of the host's
 //! table when it starts, once per its spawns.
 //!
 //! What a first init still needs of the host is here: `/proc` (its own
 //! executable, and the fully visible procfs the kernel requires before a
 //! user namespace may mount one), `/sys` (the same for sysfs) and `/dev`
-//! (the devices bound into the sandbox's `/dev`). The sandbox's overlay
+//! (the device files bound into the sandbox's `/dev`). Their submounts
+//! (`/sys/fs/cgroup/*`, `/dev/pts`, `binfmt_misc`, ...) serve no first
+//! init: the sandbox mounts its own `devpts`, and a kernel filesystem with
+//! nothing mounted on it is trivially "fully visible". The sandbox's overlay
 //! is mounted by the node after the zygote's namespace was made, so it
 //! cannot be found by path: the node sends a detached clone of it on the
 //! setup socket and the first init attaches it at [`SANDBOX_ROOT`] in its
@@ -33,8 +36,8 @@ use rustix::thread::UnshareFlags;
 /// Where a first init attaches its sandbox's root filesystem.
 pub const SANDBOX_ROOT: &str = "/sandbox";
 
-/// The host's trees a first init needs, bound into the template as
-/// they are (with their submounts).
+/// The host's kernel filesystems a first init needs, each bound into the
+/// template alone (none of its submounts).
 const HOST_TREES: &[&str] = &["proc", "sys", "dev"];
 
 /// Moves the calling process (single-threaded, host root) into a new
@@ -53,7 +56,7 @@ pub fn enter() -> io::Result<()> {
             rustix::mount::open_tree(
                 CWD,
                 path.as_str(),
-                OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::AT_RECURSIVE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+                OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
             )
             .map_err(|e| step(&format!("clone {path}"), e))
         })

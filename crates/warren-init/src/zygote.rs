@@ -11,7 +11,7 @@
 //! its copies of a request's descriptors as soon as the child is forked.
 //!
 //! It lives in the template mount namespace (see `template`), so a first
-//! init's own mount namespace starts as a copy of a dozen mounts, not of
+//! init's own mount namespace starts as a copy of four mounts, not of
 //! the host's whole table.
 //!
 //! It ends when the node closes its socket (the node exited or replaced
