@@ -817,10 +817,11 @@ impl Node {
         }
     }
 
-    /// Keeps the upload's copy (`size` bytes) under `digest` if the sandbox's upload budget
-    /// ([`crate::NodeConfig::upload_retention_bytes`]) has room for it; a
-    /// content it keeps already costs nothing. Under the sandbox's lock, so
-    /// concurrent uploads cannot overrun the budget together.
+    /// Keeps the upload's copy (`size` bytes) under `digest` if the
+    /// sandbox's upload budget ([`crate::NodeConfig::upload_retention_bytes`])
+    /// has room for it; a content it keeps already costs nothing. Under the
+    /// sandbox's lock, so concurrent uploads cannot overrun the budget
+    /// together.
     fn keep_upload(&self, live: &Live, copy: &mut KeptUpload, size: u64, digest: &str) -> bool {
         if !copy.has_copy() {
             return false;
@@ -829,7 +830,7 @@ impl Node {
         let total = match *kept_bytes {
             Some(total) => total,
             None => match self.kept_upload_total(&live.id) {
-                Ok(total) => total,
+                Ok(total) => *kept_bytes.insert(total),
                 Err(e) => {
                     tracing::warn!(sandbox = %live.id, "cannot count the uploads the trajectory keeps: {e}");
                     return false;
@@ -837,13 +838,11 @@ impl Node {
             },
         };
         let cost = if copy.dir.join(digest).exists() { 0 } else { size };
-        if total.saturating_add(cost) > self.inner.cfg.upload_retention_bytes {
-            *kept_bytes = Some(total);
+        if total.saturating_add(cost) > self.inner.cfg.upload_retention_bytes || !copy.keep(digest) {
             return false;
         }
-        let kept = copy.keep(digest);
-        *kept_bytes = Some(if kept { total + cost } else { total });
-        kept
+        *kept_bytes = Some(total + cost);
+        true
     }
 
     /// Bytes of the distinct uploads the sandbox's trajectory keeps, from
