@@ -49,7 +49,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, Read, Write};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -57,7 +57,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustix::net::{RecvAncillaryBuffer, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+use rustix::net::RecvAncillaryBuffer;
 use serde::{Deserialize, Serialize};
 use warren_guard::landlock::{self as ruleset, Level, Plan};
 use warren_guard::profile::{sandbox_capability_mask, Capability};
@@ -354,19 +354,10 @@ fn send_message<T: Serialize>(channel: &UnixStream, value: &T, fds: &[BorrowedFd
     let body = serde_json::to_vec(value).map_err(io::Error::other)?;
     let len = u32::try_from(body.len()).ok().filter(|&n| n <= MAX_MESSAGE_BYTES);
     let len = len.ok_or_else(|| io::Error::other("message too large"))?.to_be_bytes();
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+    if fds.len() > MAX_FDS {
         return Err(io::Error::other("too many descriptors for one spawn"));
     }
-    let mut sent = 0;
-    while sent == 0 {
-        sent = match rustix::net::sendmsg(channel, &[IoSlice::new(&len)], &mut control, SendFlags::NOSIGNAL) {
-            Ok(n) => n,
-            Err(rustix::io::Errno::INTR) => 0,
-            Err(e) => return Err(e.into()),
-        };
-    }
+    let sent = warren_init::proto::send_with_fds(channel.as_fd(), &len, fds)?;
     let mut writer = channel;
     writer.write_all(&len[sent..])?;
     writer.write_all(&body)

@@ -362,6 +362,40 @@ pub fn recv_with_fds(
     Ok((got, fds))
 }
 
+/// Most descriptors one [`send_with_fds`] carries (the zygote's requests
+/// are the largest).
+pub const MAX_SENT_FDS: usize = zygote::MAX_REQUEST_FDS;
+
+/// One `sendmsg` of `bytes` (retried on `EINTR`, `MSG_NOSIGNAL`: a peer
+/// that went away is an `EPIPE`, not a signal) with `fds` riding on it
+/// (`SCM_RIGHTS`; none if empty): how every side sends the messages that
+/// pass descriptors, the twin of [`recv_with_fds`]. Returns the bytes sent;
+/// on a stream socket that may be fewer than `bytes`, and the descriptors
+/// went with the first of them, so the caller writes the rest plainly. A
+/// non-blocking socket that is full answers `WouldBlock` with nothing sent.
+pub fn send_with_fds(
+    socket: std::os::fd::BorrowedFd<'_>,
+    bytes: &[u8],
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> io::Result<usize> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_SENT_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if fds.len() > MAX_SENT_FDS || (!fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds))) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} descriptors do not fit one message (at most {MAX_SENT_FDS})", fds.len()),
+        ));
+    }
+    loop {
+        match rustix::net::sendmsg(socket, &[io::IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL) {
+            Ok(sent) => return Ok(sent),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 pub fn write_frame(w: &mut impl Write, kind: FrameKind, payload: &[u8]) -> io::Result<()> {
     let len = u32::try_from(payload.len()).map_err(|_| io::Error::other("frame too large"))?;
     let mut header = [0u8; 5];
@@ -653,5 +687,43 @@ mod tests {
             assert_eq!(Reply::decode(&reply.encode()), Some(reply));
         }
         assert_eq!(Reply::decode(&[0u8; 8]), None, "neither a pid nor an errno");
+    }
+
+    /// What one side sends with descriptors the other receives: the bytes,
+    /// then the same open files (a write through the received one shows in
+    /// the sent one); a message with none carries none; more than fit one
+    /// message are refused before anything is sent.
+    #[test]
+    fn descriptors_sent_with_a_message_arrive_with_it() {
+        use std::io::Seek;
+        use std::os::fd::AsFd;
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut file = tempfile::tempfile().unwrap();
+        assert_eq!(send_with_fds(a.as_fd(), b"one", &[file.as_fd()]).unwrap(), 3);
+        assert_eq!(send_with_fds(a.as_fd(), b"two", &[]).unwrap(), 3);
+
+        let mut buf = [0u8; 3];
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_SENT_FDS))];
+        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+        let (got, fds) = recv_with_fds(b.as_fd(), &mut buf, &mut control).unwrap();
+        assert_eq!((&buf[..got.bytes], fds.len()), (&b"one"[..], 1));
+        std::fs::File::from(fds.into_iter().next().unwrap()).write_all(b"through the copy").unwrap();
+        let mut seen = String::new();
+        file.rewind().unwrap();
+        file.read_to_string(&mut seen).unwrap();
+        assert_eq!(seen, "through the copy");
+
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_SENT_FDS))];
+        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+        let (got, fds) = recv_with_fds(b.as_fd(), &mut buf, &mut control).unwrap();
+        assert_eq!((&buf[..got.bytes], fds.len()), (&b"two"[..], 0));
+
+        let too_many = vec![file.as_fd(); MAX_SENT_FDS + 1];
+        let refused = send_with_fds(a.as_fd(), b"x", &too_many).unwrap_err();
+        assert_eq!(refused.kind(), io::ErrorKind::InvalidInput);
+        drop(a);
+        let mut rest = Vec::new();
+        (&b).read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "a refused message sent {rest:?}");
     }
 }

@@ -17,11 +17,11 @@
 //! It ends when the node closes its socket (the node exited or replaced
 //! it); sandboxes it started are not its to end.
 
-use std::io::{self, IoSlice};
+use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
-use rustix::net::{sendmsg, RecvAncillaryBuffer, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+use rustix::net::RecvAncillaryBuffer;
 use rustix::process::DumpableBehavior;
 use warren_init::proto::setup::InitSays;
 use warren_init::proto::zygote::{Reply, Request, MAX_REQUEST_FDS, REQUEST_BYTES, SOCKET_FD};
@@ -109,20 +109,11 @@ fn receive(socket: &OwnedFd) -> io::Result<Option<(io::Result<Request>, Vec<Owne
 }
 
 fn send(socket: &OwnedFd, reply: Reply, pidfd: Option<&OwnedFd>) -> io::Result<()> {
-    let bytes = reply.encode();
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    let fds = pidfd.map(|fd| [fd.as_fd()]);
-    if let Some(fds) = &fds {
-        control.push(SendAncillaryMessage::ScmRights(fds));
-    }
-    loop {
-        match sendmsg(socket, &[IoSlice::new(&bytes)], &mut control, SendFlags::empty()) {
-            Ok(_) => return Ok(()),
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
+    let fds: &[BorrowedFd<'_>] = match pidfd {
+        Some(fd) => &[fd.as_fd()],
+        None => &[],
+    };
+    warren_init::proto::send_with_fds(socket.as_fd(), &reply.encode(), fds).map(drop)
 }
 
 /// Forks the first init of a sandbox, born in its cgroup2 directory

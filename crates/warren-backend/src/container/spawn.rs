@@ -3,7 +3,7 @@
 //! [`warren_init::proto::setup`].
 
 use std::fs;
-use std::io::{self, IoSlice};
+use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
@@ -320,19 +320,15 @@ impl Zygote {
         request: &zygote::Request,
         fds: &[BorrowedFd<'_>],
     ) -> std::result::Result<FirstInit, ZygoteError> {
-        use rustix::net::{sendmsg, RecvAncillaryBuffer, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        use rustix::net::RecvAncillaryBuffer;
         self.spawns += 1;
-        let bytes = request.encode();
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(zygote::MAX_REQUEST_FDS))];
-        let mut control = SendAncillaryBuffer::new(&mut space);
-        if !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        if fds.len() > zygote::MAX_REQUEST_FDS {
             return Err(ZygoteError::Refused(io::Error::other(format!(
                 "{} descriptors do not fit a request",
                 fds.len()
             ))));
         }
-        retry_interrupted(|| sendmsg(&self.socket, &[IoSlice::new(&bytes)], &mut control, SendFlags::NOSIGNAL))
-            .map_err(ZygoteError::Lost)?;
+        warren_init::proto::send_with_fds(self.socket.as_fd(), &request.encode(), fds).map_err(ZygoteError::Lost)?;
         let mut answer = [0u8; zygote::REPLY_BYTES + 1];
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -360,15 +356,6 @@ impl Drop for Zygote {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-fn retry_interrupted<T>(mut call: impl FnMut() -> rustix::io::Result<T>) -> io::Result<T> {
-    loop {
-        match call() {
-            Err(rustix::io::Errno::INTR) => {}
-            done => return done.map_err(io::Error::from),
-        }
     }
 }
 
@@ -439,17 +426,11 @@ impl SetupChannel {
     /// Sends `fd` on one byte of its own (`SCM_RIGHTS`), after whatever
     /// was written before.
     pub(crate) async fn send_fd(&mut self, fd: BorrowedFd<'_>) -> Result<()> {
-        use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
         let stream: &UnixStream = self.writer.as_ref();
         loop {
             stream.writable().await.map_err(|e| BackendError::io("write setup socket", e))?;
-            let sent = stream.try_io(Interest::WRITABLE, || {
-                let fds = [fd];
-                let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-                let mut control = SendAncillaryBuffer::new(&mut space);
-                control.push(SendAncillaryMessage::ScmRights(&fds));
-                sendmsg(stream, &[IoSlice::new(&[0])], &mut control, SendFlags::NOSIGNAL).map_err(io::Error::from)
-            });
+            let sent =
+                stream.try_io(Interest::WRITABLE, || warren_init::proto::send_with_fds(stream.as_fd(), &[0], &[fd]));
             match sent {
                 Ok(_) => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}

@@ -171,14 +171,10 @@ impl Session {
 
     /// As [`Session::request`], with `fd` passed along (SCM_RIGHTS).
     fn request_with_fd(&mut self, command: &str, arguments: Value, fd: std::os::fd::BorrowedFd<'_>) -> Result<Value> {
-        use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        use std::os::fd::AsFd;
         let line = request_line(command, arguments);
-        let fds = [fd];
-        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-        let mut control = SendAncillaryBuffer::new(&mut space);
-        control.push(SendAncillaryMessage::ScmRights(&fds));
-        let sent = sendmsg(&self.writer, &[std::io::IoSlice::new(line.as_bytes())], &mut control, SendFlags::empty())
-            .map_err(|e| BackendError::io(format!("QMP {command}"), e.into()))?;
+        let sent = warren_init::proto::send_with_fds(self.writer.as_fd(), line.as_bytes(), &[fd])
+            .map_err(|e| BackendError::io(format!("QMP {command}"), e))?;
         if sent != line.len() {
             // QEMU takes the descriptor with the first byte; the rest is plain.
             self.writer

@@ -152,14 +152,9 @@ pub fn start_with(add: impl FnOnce(&Path), spec: impl FnOnce(&Path) -> BuildSpec
 /// detached mount (here a bind of the directory) on one byte of its own.
 pub fn send_root(host: &UnixStream, root: &Path) {
     use rustix::mount::{open_tree, OpenTreeFlags};
-    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
     let tree = open_tree(rustix::fs::CWD, root, OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC)
         .expect("open_tree of the rootfs");
-    let fds = [tree.as_fd()];
-    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
-    sendmsg(host, &[std::io::IoSlice::new(&[0])], &mut control, SendFlags::NOSIGNAL).expect("send the rootfs");
+    proto::send_with_fds(host.as_fd(), &[0], &[tree.as_fd()]).expect("send the rootfs");
 }
 
 pub fn spawn_init(setup: &UnixStream, listener: &UnixListener) -> Child {
