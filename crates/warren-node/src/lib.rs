@@ -768,10 +768,11 @@ impl Node {
         self.inner.admission.bump();
         // `ending` is in memory only (this record, the gauge): no durable
         // commit, since a restart needs none. A crash mid-teardown leaves
-        // the `running` record, and the restart probes it: with PID 1
-        // killed the sandbox ends `node_restarted`, as an `ending` record
-        // did; before the kill it is re-adopted, as if the unanswered
-        // delete had never come. Either way nothing runs unrecorded.
+        // the `running` record or the `ended` one (see below). The restart
+        // probes a `running` one: with PID 1 killed the sandbox ends
+        // `node_restarted`, as an `ending` record did; before the kill it
+        // is re-adopted, as if the unanswered delete had never come. What
+        // an `ended` one left is swept. Either way nothing runs unrecorded.
         let backend = {
             let mut rec = live.record();
             rec.info.state = SandboxState::Ending;
@@ -784,18 +785,24 @@ impl Node {
         }
         let mode = live.record().info.network;
         self.unplug_network(id, mode).await;
-        let destroyed = live.driver.destroy(&live.handle).await;
         let mut rec = live.record().clone();
         rec.info.state = SandboxState::Ended;
         rec.info.end_reason = Some(reason);
         rec.info.ended_at_ms = Some(now_ms());
         rec.info.usage = None;
-        rec.info.end_message = match (&destroyed, message) {
-            (Err(e), _) => Some(format!("teardown error (swept at next start): {e}")),
-            (Ok(()), m) => m,
-        };
+        rec.info.end_message = message;
         rec.handle = None;
-        joined(self.commit(rec.clone()).await)?;
+        // The end is committed while the driver tears down, not after it:
+        // the device sync and the teardown overlap, and the call still
+        // answers only once both are done. A crash between the two leaves
+        // an `ended` record beside what the restart's sweep removes (it
+        // keeps only sandboxes with a live record).
+        let (destroyed, committed) = tokio::join!(live.driver.destroy(&live.handle), self.commit(rec.clone()));
+        joined(committed)?;
+        if let Err(e) = destroyed {
+            rec.info.end_message = Some(format!("teardown error (swept at next start): {e}"));
+            joined(self.commit(rec.clone()).await)?;
+        }
         self.inner.metrics.ended(rec.info.backend, reason, &rec.info.project);
         // Execs that were still running are recorded as killed by the
         // platform. One that had ended is recorded by its own task (a
