@@ -283,6 +283,51 @@ async fn log_is_forgotten_after_the_trajectory_retention() {
     server.finish().await;
 }
 
+/// While the data directory's filesystem is below `--disk-reserve-percent`
+/// (here 100: never met on a filesystem that holds anything), ended
+/// sandboxes are forgotten whole long before their retention (an hour and
+/// a day by default): record, exec results, trajectory and its data files.
+/// A live sandbox keeps all of its own. With the check off (0, as below
+/// any real reserve) nothing ended is forgotten early.
+#[tokio::test]
+async fn ended_sandboxes_are_forgotten_early_while_the_disk_is_below_its_reserve() {
+    let mut server = TestServer::start_with(&["--disk-reserve-percent", "100"]).await;
+    let live = server.create_small().await;
+    let ended = server.create_small().await;
+    // 100 KiB: the output is kept in a data file of the trajectory.
+    let print = "head -c 102400 /dev/zero | tr '\\0' x";
+    let mut execs = Vec::new();
+    for id in [&live.id, &ended.id] {
+        let answer = exec_step(&server, id, Some(1), print).await;
+        assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
+        execs.push(end_result(&answer.frames()).exec_id.clone());
+    }
+    server.delete(&ended.id).await;
+    let deadline = Instant::now() + WAIT;
+    while server.try_get(&ended.id).await.0 != StatusCode::NOT_FOUND {
+        assert!(Instant::now() < deadline, "the ended sandbox was kept; log:\n{}", server.log_tail(30));
+        sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(trajectory(&server, &ended.id).await.0, StatusCode::NOT_FOUND);
+    let (status, _) = server.call(Method::GET, &format!("/v1/sandboxes/{}/exec/{}", ended.id, execs[1]), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(data_files(&server, &ended.id), 0, "its data files stayed");
+    assert!(server.log_tail(200).contains("below its reserve"), "the log does not say why");
+
+    assert_eq!(server.get(&live.id).await.state, warren_api::SandboxState::Running);
+    assert_eq!(trajectory_ok(&server, &live.id).await.steps.len(), 1);
+    assert_eq!(server.get_exec(&live.id, &execs[0]).await.output.map(|o| o.stdout.total_bytes), Some(102400));
+    assert_eq!(data_files(&server, &live.id), 1);
+
+    // Off: an ended sandbox stays (its retention is an hour).
+    server.restart_with(&["--disk-reserve-percent", "0"]).await;
+    server.delete(&live.id).await;
+    sleep(Duration::from_secs(2)).await;
+    assert_eq!(server.get(&live.id).await.end_reason, Some(warren_api::EndReason::Deleted));
+    assert_eq!(data_files(&server, &live.id), 1);
+    server.finish().await;
+}
+
 #[tokio::test]
 async fn replay_reruns_the_steps_in_a_fresh_sandbox_and_reports_each() {
     let server = TestServer::start().await;

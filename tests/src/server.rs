@@ -328,6 +328,14 @@ impl TestServer {
         self.launch().await;
     }
 
+    /// As [`TestServer::restart`], the new server with `extra_args` instead
+    /// of the ones it had (kept across later restarts).
+    pub async fn restart_with(&mut self, extra_args: &[&str]) {
+        self.crash().await;
+        self.extra_args = extra_args.iter().map(|a| a.to_string()).collect();
+        self.launch().await;
+    }
+
     /// SIGTERM, a bounded wait, then SIGKILL. A clean stop exits 0: a
     /// server killed by the signal's default action skipped its shutdown
     /// (the host's audit settings, the end of every sandbox).

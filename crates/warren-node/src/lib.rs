@@ -12,7 +12,10 @@
 //! Owns: the life of every sandbox on this node, from admission to its typed
 //! end, the records that let a restarted node re-adopt them, and each
 //! sandbox's trajectory log (every mutating call as a numbered step; a
-//! logged step is answered from the log, never run twice: `trajectory`).
+//! logged step is answered from the log, never run twice: `trajectory`),
+//! and how long ended sandboxes' data stays on the node's disk (per-sandbox
+//! output budgets: `retention`; early forgetting while the data disk is
+//! below its reserve: `pressure`).
 //! Invariants: every sandbox that leaves `running` ends with exactly one
 //! [`EndReason`]; nothing stays `creating` or `ending` past its deadline; a
 //! warm-pool member is handed out at most once.
@@ -37,6 +40,7 @@ mod network;
 mod pause;
 mod phase;
 mod pool;
+mod pressure;
 mod projects;
 mod records;
 mod retention;
@@ -82,6 +86,9 @@ pub use warren_store::StoreError;
 pub const DEFAULT_CREATE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often the reaper looks at every sandbox.
 const REAP_INTERVAL: Duration = Duration::from_millis(250);
+/// The data directory's free space is looked at every this many reaper
+/// ticks (one `statvfs`; see `pressure`).
+const PRESSURE_EVERY_TICKS: u64 = 4;
 /// Liveness probes run every this many reaper ticks.
 const PROBE_EVERY_TICKS: u64 = 8;
 /// One probe in this many has init answer a ping; the others only look
@@ -151,6 +158,10 @@ pub struct NodeConfig {
     /// distinct content once); past it an upload is logged by its digest
     /// only, as one larger than [`trajectory::KEEP_UPLOAD_BYTES`] is.
     pub upload_retention_bytes: u64,
+    /// While less than this share (percent) of the data directory's
+    /// filesystem is available, ended sandboxes are forgotten before their
+    /// retention is up, the longest ended first (see `pressure`); 0: never.
+    pub disk_reserve_percent: u8,
     /// Sandbox ids are `<prefix>-<16 hex digits>`: [`SANDBOX_ID_PREFIX`]
     /// alone, or `sb-<node name>` on a cluster's node, so that any API
     /// server can tell a sandbox's node from its id.
@@ -175,6 +186,9 @@ pub const DEFAULT_EXEC_OUTPUT_RETENTION_MIB: u64 = 16;
 /// Default of [`NodeConfig::upload_retention_bytes`], MiB: half of a
 /// default sandbox's disk, eight uploads of the largest size kept.
 pub const DEFAULT_UPLOAD_RETENTION_MIB: u64 = 512;
+
+/// Default of [`NodeConfig::disk_reserve_percent`].
+pub const DEFAULT_DISK_RESERVE_PERCENT: u8 = 10;
 
 /// Default of [`NodeConfig::ended_retention`]: one hour.
 pub const DEFAULT_ENDED_RETENTION_SECS: u64 = 3600;
@@ -1335,6 +1349,12 @@ impl Node {
         loop {
             interval.tick().await;
             tick += 1;
+            if tick.is_multiple_of(PRESSURE_EVERY_TICKS) {
+                let node = self.clone();
+                if let Ok(Err(e)) = tokio::task::spawn_blocking(move || node.relieve_disk_pressure()).await {
+                    tracing::warn!("could not relieve the data directory's disk pressure: {e}");
+                }
+            }
             if tick.is_multiple_of(retention_every) {
                 let node = self.clone();
                 let forgotten = tokio::task::spawn_blocking(move || node.forget_ended(now_ms())).await;
@@ -1434,17 +1454,24 @@ impl Node {
             if !expired {
                 continue;
             }
-            self.store().delete_prefix(Table::Execs, &format!("{id}/"))?;
-            if let Some(key) = &rec.info.idempotency_key {
-                let claim = self.store().get_json::<records::IdempotencyClaim>(Table::Idempotency, key).ok().flatten();
-                if claim.is_some_and(|c| c.sandbox_id == id) {
-                    self.store().delete(Table::Idempotency, key)?;
-                }
-            }
-            self.store().delete(Table::Sandboxes, &id)?;
+            self.forget_ended_record(&id, &rec)?;
             forgotten += 1;
         }
         Ok(forgotten)
+    }
+
+    /// Deletes an ended sandbox's record, its exec results, and its
+    /// idempotency key (if the key still names it).
+    fn forget_ended_record(&self, id: &str, rec: &SandboxRecord) -> Result<()> {
+        self.store().delete_prefix(Table::Execs, &format!("{id}/"))?;
+        if let Some(key) = &rec.info.idempotency_key {
+            let claim = self.store().get_json::<records::IdempotencyClaim>(Table::Idempotency, key).ok().flatten();
+            if claim.is_some_and(|c| c.sandbox_id == id) {
+                self.store().delete(Table::Idempotency, key)?;
+            }
+        }
+        self.store().delete(Table::Sandboxes, id)?;
+        Ok(())
     }
 
     /// Re-adopts what survived a restart; everything else ends and is swept.

@@ -999,13 +999,42 @@ impl Node {
                 self.store().put_json(Table::Trajectories, &sandbox, &header)?;
             }
             if header.ended_at_ms.is_some_and(|ended| now.saturating_sub(ended) >= retention_ms) {
-                self.store().delete_prefix(Table::TrajectorySteps, &format!("{sandbox}/"))?;
-                self.store().delete(Table::Trajectories, &sandbox)?;
-                let _ = std::fs::remove_dir_all(self.trajectory_dir(&sandbox));
+                self.forget_trajectory(&sandbox)?;
                 forgotten += 1;
             }
         }
         Ok(forgotten)
+    }
+
+    /// Deletes a sandbox's trajectory: its steps, its header, its data files.
+    pub(crate) fn forget_trajectory(&self, sandbox: &str) -> Result<()> {
+        self.store().delete_prefix(Table::TrajectorySteps, &format!("{sandbox}/"))?;
+        self.store().delete(Table::Trajectories, sandbox)?;
+        let _ = std::fs::remove_dir_all(self.trajectory_dir(sandbox));
+        Ok(())
+    }
+
+    /// When each ended sandbox that still has a trajectory ended (the
+    /// header's time, or its record's when the sweep has not set it yet;
+    /// 0 when its record is already forgotten: long ago).
+    pub(crate) fn ended_trajectories(&self) -> Result<Vec<(String, u64)>> {
+        let mut ended = Vec::new();
+        for (sandbox, bytes) in self.store().list(Table::Trajectories, "")? {
+            let Ok(header) = serde_json::from_slice::<Header>(&bytes) else { continue };
+            let at = match header.ended_at_ms {
+                Some(at) => Some(at),
+                // A header is written only beside a record (`missing_header`).
+                None => match self.store().get_json::<SandboxRecord>(Table::Sandboxes, &sandbox)? {
+                    Some(rec) if rec.info.state == SandboxState::Ended => rec.info.ended_at_ms,
+                    Some(_) => None,
+                    None => Some(0),
+                },
+            };
+            if let Some(at) = at {
+                ended.push((sandbox, at));
+            }
+        }
+        Ok(ended)
     }
 }
 

@@ -131,6 +131,13 @@ pub struct ServeArgs {
     /// an upload is logged by its digest only and a replay skips it.
     #[arg(long, default_value_t = warren_node::DEFAULT_UPLOAD_RETENTION_MIB)]
     pub upload_retention_mib: u64,
+    /// While less than this percentage of the data directory's filesystem
+    /// is available, ended sandboxes (record, exec results, trajectory and
+    /// its files) are forgotten before their retention is up, the longest
+    /// ended first, until it is above again (0 = never).
+    #[arg(long, default_value_t = warren_node::DEFAULT_DISK_RESERVE_PERCENT,
+        value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub disk_reserve_percent: u8,
     /// How long (ms) a create may take before it is abandoned, what it made
     /// removed, and the caller answered 504 `timed_out`.
     #[arg(long, default_value_t = warren_node::DEFAULT_CREATE_TIMEOUT.as_millis() as u64)]
@@ -258,6 +265,7 @@ impl ServeArgs {
             trajectory_retention_secs: warren_node::trajectory::DEFAULT_TRAJECTORY_RETENTION_SECS,
             exec_output_retention_mib: warren_node::DEFAULT_EXEC_OUTPUT_RETENTION_MIB,
             upload_retention_mib: warren_node::DEFAULT_UPLOAD_RETENTION_MIB,
+            disk_reserve_percent: warren_node::DEFAULT_DISK_RESERVE_PERCENT,
             create_timeout_ms: warren_node::DEFAULT_CREATE_TIMEOUT.as_millis() as u64,
             sandbox_net: None,
             sandbox_net6: None,
@@ -426,6 +434,7 @@ pub async fn start(args: &ServeArgs) -> Result<Running> {
             trajectory_retention: std::time::Duration::from_secs(args.trajectory_retention_secs),
             exec_output_retention_bytes: args.exec_output_retention_mib.saturating_mul(1 << 20),
             upload_retention_bytes: args.upload_retention_mib.saturating_mul(1 << 20),
+            disk_reserve_percent: args.disk_reserve_percent,
             create_timeout: std::time::Duration::from_millis(args.create_timeout_ms),
             network: warren_node::NetworkOptions {
                 pool: args.sandbox_net.clone(),
