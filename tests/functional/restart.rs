@@ -78,6 +78,35 @@ async fn sandbox_whose_init_died_while_down_ends_node_restarted() {
     server.finish().await;
 }
 
+/// A fresh create's record is committed while the sandbox is made, before
+/// the driver's handle exists, so a `running` record may hold none (until a
+/// later commit of it). The next start rebuilds the handle from what the
+/// driver keeps in the run directory and re-adopts the sandbox - here with
+/// the record's handle removed by hand while the server is down, whatever
+/// it held. Without the rebuild the sandbox would end `node_restarted`.
+#[tokio::test]
+async fn running_sandbox_whose_record_has_no_handle_is_readopted() {
+    let mut server = TestServer::start().await;
+    let sb = server.create_small().await;
+    server.sh_ok(&sb.id, "echo kept > /tmp/kept.txt").await;
+    let pid1 = sandbox_pid1(&server.instance, &sb.id).expect("the sandbox has a PID 1");
+    server.crash().await;
+    {
+        use warren_store::{StateStore, Table};
+        let store = warren_store::RedbStore::open(server.data_dir().join("state.redb")).expect("open the store");
+        let bytes = store.get(Table::Sandboxes, &sb.id).expect("read the record").expect("the record is there");
+        let mut record: serde_json::Value = serde_json::from_slice(&bytes).expect("a JSON record");
+        record["handle"] = serde_json::Value::Null;
+        store.put(Table::Sandboxes, &sb.id, &serde_json::to_vec(&record).expect("encode")).expect("write the record");
+    }
+    server.launch().await;
+    let info = server.get(&sb.id).await;
+    assert_eq!(info.state, SandboxState::Running, "{info:?}\nlog:\n{}", server.log_tail(20));
+    assert_eq!(sandbox_pid1(&server.instance, &sb.id), Some(pid1), "the same PID 1 carries on");
+    assert_eq!(server.sh_ok(&sb.id, "cat /tmp/kept.txt").await, "kept\n");
+    server.finish().await;
+}
+
 /// Starts a create in the background and SIGKILLs the server as soon as the
 /// sandbox's run directory appears. Returns whether the create was cut short
 /// (false when it won the race) and the processes the server had started.
@@ -116,6 +145,13 @@ async fn crash_during_create_leaves_nothing_after_restart() {
     }
     assert!(cut, "every create finished before the server could be killed");
     for sb in server.list(None).await {
+        if sb.state == SandboxState::Running {
+            // Made, and recorded while it was made, but killed before the
+            // answer: re-adopted whole (its record is durable), and working.
+            assert_eq!(server.sh_ok(&sb.id, "echo whole").await, "whole\n", "{sb:?}");
+            server.delete(&sb.id).await;
+            continue;
+        }
         assert_eq!(sb.state, SandboxState::Ended, "a half-made sandbox is not running: {sb:?}");
         // Retries whose create beat the kill were deleted by the loop above.
         assert!(

@@ -317,6 +317,18 @@ impl Driver for ContainerDriver {
         self.remove(Remains { layout, cgroup, pid1, run_dir: Arc::clone(&self.run_dir) }).await
     }
 
+    /// From the state file a finished create leaves in the sandbox's run
+    /// directory (written before `create` returns).
+    fn recover_handle(&self, id: &str) -> Option<SandboxHandle> {
+        check_id(id).ok()?;
+        let state = HandleState::load(&self.layout(id))?;
+        Some(SandboxHandle { id: id.to_string(), backend: Backend::Container, state: state.to_json() })
+    }
+
+    fn recovers_handles(&self) -> bool {
+        true
+    }
+
     /// Init's process is alive: that is enough in a sandbox where nothing
     /// has run (init answered when the sandbox was made, and only a process
     /// of the sandbox could have stopped it answering since). The full probe

@@ -252,6 +252,24 @@ pub trait Driver: Send + Sync {
         self.probe(handle).await
     }
 
+    /// The handle of sandbox `id`, rebuilt from what the driver keeps on
+    /// the host itself, for a sandbox whose durable record holds none: the
+    /// node records a fresh create beside the driver's work (the handle
+    /// does not exist yet), so a crash between the two leaves a record
+    /// without one. `None`: nothing to rebuild it from (the sandbox never
+    /// got that far, or the driver keeps nothing).
+    fn recover_handle(&self, id: &str) -> Option<SandboxHandle> {
+        let _ = id;
+        None
+    }
+
+    /// Whether [`Driver::recover_handle`] finds every sandbox this driver
+    /// finished making: only then may the node record a create before its
+    /// handle exists.
+    fn recovers_handles(&self) -> bool {
+        false
+    }
+
     /// [`Driver::probe`] as cheaply as the backend can tell whether init
     /// lives: a backend may skip the round trip to init that proves it
     /// answers. For a warm-pool member being claimed (nothing has run in

@@ -594,6 +594,20 @@ impl Node {
         // plugged below, at the claim, as a fresh sandbox's are.
         let poolable = req.phases.is_empty() && pool::pooled_backend(req.backend);
         let pooled = if poolable { self.claim_pooled(&pool_key).await } else { None };
+        // A fresh sandbox's `running` record is committed while the driver
+        // makes it, not after: the device sync overlaps the create, and the
+        // call still answers only once both are done. The record has no
+        // handle yet; a restart after a crash between the two rebuilds it
+        // from the driver's own state (or, with none, ends the sandbox
+        // `node_restarted`). A create with an idempotency key stays in
+        // order: a concurrent call with the key waits for its record to
+        // leave `creating` and must then find the sandbox made.
+        let early = (pooled.is_none() && req.idempotency_key.is_none() && driver.recovers_handles()).then(|| {
+            let mut early = rec.clone();
+            early.info.state = SandboxState::Running;
+            early.info.started_at_ms = Some(now_ms());
+            self.commit(early)
+        });
         let made = match pooled {
             Some((handle, member_leases)) => {
                 rec.info.from_pool = true;
@@ -638,6 +652,10 @@ impl Node {
             }
             other => other,
         };
+        let early_committed = match early {
+            Some(commit) => Some(joined(commit.await)),
+            None => None,
+        };
         let handle = match made {
             Ok(h) => h,
             Err(e) => {
@@ -661,7 +679,15 @@ impl Node {
         rec.info.accelerator = driver.accelerator(&handle);
         rec.info.boot = driver.boot(&handle);
         rec.handle = Some(handle.clone());
-        joined(self.commit(rec.clone()).await)?;
+        match early_committed {
+            Some(Ok(())) => {}
+            // The sandbox stands but its record could not be made durable.
+            Some(Err(e)) => {
+                let _ = driver.destroy(&handle).await;
+                return Err(e);
+            }
+            None => joined(self.commit(rec.clone()).await)?,
+        }
         let info = rec.info.clone();
         self.live_map().insert(id.clone(), Live::new(id, handle, driver, rec, layer_leases));
         if info.phase.is_some() {
@@ -1489,6 +1515,12 @@ impl Node {
                 continue;
             }
             let driver = self.driver(rec.info.backend)?;
+            let mut rec = rec;
+            if rec.handle.is_none() && rec.info.state == SandboxState::Running {
+                // Recorded while it was being made; the node stopped before
+                // the answer (see `create_with`).
+                rec.handle = driver.recover_handle(&id);
+            }
             records.push((id, rec, driver));
         }
         // Adopting a VM waits for its guest to answer: several side by side.
