@@ -594,20 +594,17 @@ impl Node {
         // plugged below, at the claim, as a fresh sandbox's are.
         let poolable = req.phases.is_empty() && pool::pooled_backend(req.backend);
         let pooled = if poolable { self.claim_pooled(&pool_key).await } else { None };
-        // A fresh sandbox's `running` record is committed while the driver
-        // makes it, not after: the device sync overlaps the create, and the
-        // call still answers only once both are done. The record has no
-        // handle yet; a restart after a crash between the two rebuilds it
-        // from the driver's own state (or, with none, ends the sandbox
-        // `node_restarted`). A create with an idempotency key stays in
-        // order: a concurrent call with the key waits for its record to
-        // leave `creating` and must then find the sandbox made.
-        let early = (pooled.is_none() && req.idempotency_key.is_none() && driver.recovers_handles()).then(|| {
-            let mut early = rec.clone();
-            early.info.state = SandboxState::Running;
-            early.info.started_at_ms = Some(now_ms());
-            self.commit(early)
-        });
+        // A fresh sandbox's record is committed (`creating`) while the
+        // driver makes it, not after: the device sync overlaps the create,
+        // and the call still answers only once both are done. The record
+        // has no handle; a restart rebuilds it from the driver's own state
+        // and re-adopts the sandbox, or ends it `node_restarted` if it
+        // never got that far. A create with an idempotency key committed
+        // its record already and stays in order: a concurrent call with
+        // the key waits for it to leave `creating` and must then find the
+        // sandbox made.
+        let early = (pooled.is_none() && req.idempotency_key.is_none() && driver.recovers_handles())
+            .then(|| self.commit(rec.clone()));
         let made = match pooled {
             Some((handle, member_leases)) => {
                 rec.info.from_pool = true;
@@ -1516,10 +1513,14 @@ impl Node {
             }
             let driver = self.driver(rec.info.backend)?;
             let mut rec = rec;
-            if rec.handle.is_none() && rec.info.state == SandboxState::Running {
-                // Recorded while it was being made; the node stopped before
-                // the answer (see `create_with`).
+            if rec.handle.is_none() && matches!(rec.info.state, SandboxState::Creating | SandboxState::Running) {
+                // Recorded while it was being made (see `create_with`): made
+                // if the driver has its handle, and then running.
                 rec.handle = driver.recover_handle(&id);
+                if rec.handle.is_some() && rec.info.state == SandboxState::Creating {
+                    rec.info.state = SandboxState::Running;
+                    rec.info.started_at_ms = Some(rec.info.created_at_ms);
+                }
             }
             records.push((id, rec, driver));
         }
