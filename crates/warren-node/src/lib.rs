@@ -370,6 +370,8 @@ struct Inner {
     probe_slots: Arc<tokio::sync::Semaphore>,
     /// Set while a round of the limit watch runs (one at a time).
     watching_limits: Arc<AtomicBool>,
+    /// Disk-pressure rounds that found nothing left to forget (`pressure`).
+    pressure: pressure::Relief,
     /// Reads Landlock's audit records; taken out (and stopped, restoring
     /// the host's audit settings) when the node stops.
     landlock_audit: Mutex<Option<landlock_audit::Listener>>,
@@ -429,6 +431,7 @@ impl Node {
                 pause_gate: Mutex::new(()),
                 probe_slots: Arc::new(tokio::sync::Semaphore::new(PROBES_AT_ONCE)),
                 watching_limits: Arc::new(AtomicBool::new(false)),
+                pressure: pressure::Relief::default(),
                 landlock_audit: Mutex::new(None),
                 tamper,
                 pools,
@@ -841,6 +844,7 @@ impl Node {
             joined(self.commit(rec.clone()).await)?;
         }
         self.inner.metrics.ended(rec.info.backend, reason, &rec.info.project);
+        self.inner.pressure.sandbox_ended();
         // Execs that were still running are recorded as killed by the
         // platform. One that had ended is recorded by its own task (a
         // second write here would cost a commit for nothing).

@@ -15,12 +15,31 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use warren_api::SandboxState;
 use warren_store::{StateStoreExt, Table};
 
 use crate::records::SandboxRecord;
 use crate::{Node, NodeError, Result};
+
+/// How long the node waits after a round that left the disk below its
+/// reserve with nothing ended to forget: each round lists every record.
+const EXHAUSTED_BACKOFF: Duration = Duration::from_secs(30);
+
+/// When a round last found the disk still low with nothing left to forget.
+#[derive(Debug, Default)]
+pub(crate) struct Relief {
+    exhausted_at: Mutex<Option<Instant>>,
+}
+
+impl Relief {
+    /// A sandbox ended: there is something to forget again.
+    pub(crate) fn sandbox_ended(&self) {
+        *self.exhausted_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
 
 /// Whether the filesystem holding `path` has less than `reserve_percent`
 /// of its size available to unprivileged writers.
@@ -61,6 +80,10 @@ impl Node {
         if !below_reserve(dir, reserve)? {
             return Ok(Vec::new());
         }
+        let mut exhausted_at = self.inner.pressure.exhausted_at.lock().unwrap_or_else(|p| p.into_inner());
+        if exhausted_at.is_some_and(|at| at.elapsed() < EXHAUSTED_BACKOFF) {
+            return Ok(Vec::new());
+        }
         let forgotten = relieve(self.ended_sandboxes()?, || below_reserve(dir, reserve), |id| self.forget_all_of(id))?;
         if !forgotten.is_empty() {
             tracing::warn!(
@@ -68,6 +91,15 @@ impl Node {
                 reserve_percent = reserve,
                 "the data directory's filesystem is below its reserve: forgot the longest-ended sandboxes early"
             );
+        }
+        if below_reserve(dir, reserve)? {
+            tracing::warn!(
+                reserve_percent = reserve,
+                "the data directory's filesystem is below its reserve and no ended sandbox is left to forget"
+            );
+            *exhausted_at = Some(Instant::now());
+        } else {
+            *exhausted_at = None;
         }
         Ok(forgotten)
     }
