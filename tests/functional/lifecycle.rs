@@ -359,3 +359,82 @@ async fn a_create_past_the_create_timeout_answers_timed_out_and_leaves_nothing()
     }
     server.finish().await;
 }
+
+/// Sends a create on a connection of its own and closes it before the
+/// answer: the server drops the call wherever it is.
+async fn abandon_create(server: &TestServer, body: &serde_json::Value) {
+    use tokio::io::AsyncWriteExt;
+    let addr = server.url.trim_start_matches("http://").trim_end_matches('/').to_string();
+    let body = body.to_string();
+    let request = format!(
+        "POST /v1/sandboxes HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut conn = tokio::net::TcpStream::connect(&addr).await.expect("connect to the server");
+    conn.write_all(request.as_bytes()).await.expect("send the create");
+    drop(conn);
+}
+
+/// A create whose client goes away midway leaves nothing half-done: the
+/// sandbox ends `create_failed`, saying why, nothing of it runs, and a
+/// retry with its idempotency key makes a new sandbox instead of waiting
+/// on the abandoned one. No sandbox is left `creating`. (A close can also
+/// land before the call starts, or after it finished: those rounds are
+/// retried, the finished sandbox deleted.)
+#[tokio::test]
+async fn a_create_whose_caller_goes_away_ends_create_failed_and_frees_its_key() {
+    let server = TestServer::start().await;
+    for keyed in [false, true] {
+        let mut abandoned = None;
+        for round in 0..10 {
+            let label = unique_marker("abandoned");
+            let key = format!("{label}-key");
+            let mut body = small(json!({"labels": {"round": label}}));
+            if keyed {
+                body["idempotency_key"] = json!(key);
+            }
+            abandon_create(&server, &body).await;
+            // The call is over once its record is ended or running, or
+            // there is none a while after the close.
+            let closed = tokio::time::Instant::now();
+            let settled = loop {
+                let listed = server.list(Some(&format!("round={label}"))).await;
+                match listed.as_slice() {
+                    [sb] if matches!(sb.state, SandboxState::Ended | SandboxState::Running) => break Some(sb.clone()),
+                    [] if closed.elapsed() > Duration::from_secs(2) => break None,
+                    [] | [_] => {}
+                    many => panic!("one create listed as {many:?}"),
+                }
+                assert!(closed.elapsed() < REAPER_WAIT, "round {round}: the create is still {listed:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            match settled {
+                Some(sb) if sb.state == SandboxState::Running => {
+                    server.delete(&sb.id).await;
+                }
+                Some(sb) => {
+                    abandoned = Some((sb, body));
+                    break;
+                }
+                None => {
+                    if keyed {
+                        // Dropped before anything was made: the key is free.
+                        let made = server.create(body.clone()).await;
+                        server.delete(&made.id).await;
+                    }
+                }
+            }
+        }
+        let (sb, body) = abandoned.expect("in 10 rounds no close landed while the sandbox was made");
+        assert_eq!(sb.end_reason, Some(EndReason::CreateFailed), "{sb:?}");
+        assert!(sb.end_message.as_deref().is_some_and(|m| m.contains("abandoned")), "{sb:?}");
+        assert!(sandbox_pids(&server.instance, &sb.id).is_empty(), "the abandoned sandbox runs on");
+        if keyed {
+            let again = server.create(body).await;
+            assert_ne!(again.id, sb.id, "the key still names the abandoned sandbox");
+            assert_eq!(again.state, SandboxState::Running);
+            server.delete(&again.id).await;
+        }
+    }
+    server.finish().await;
+}

@@ -22,6 +22,7 @@
 //! Never: resolves a sandbox path on the host by string (files go through
 //! the backend's in-root resolution), or runs platform logic inside a sandbox.
 
+mod abandoned;
 mod admission;
 mod batch;
 mod capture;
@@ -536,6 +537,9 @@ impl Node {
                 return Ok((self.wait_created(&existing.sandbox_id).await?, false));
             }
         }
+        // From here a call dropped midway (its client went away) leaves
+        // nothing half-done: see `abandoned`.
+        let mut guard = abandoned::CreateGuard::new(self.clone(), &id, req.idempotency_key.as_deref());
 
         let admitted = match self.admit(&id, req.memory_mib, admit).await {
             Ok(t) => t,
@@ -544,6 +548,7 @@ impl Node {
                     // Nothing was made: a retry with this key must be free to try again.
                     let _ = self.store().delete(Table::Idempotency, key);
                 }
+                guard.settle();
                 return Err(e);
             }
         };
@@ -587,7 +592,10 @@ impl Node {
         // a key nobody can, and a crash midway leaves only what the startup
         // sweep removes: the record would be a durable commit for nothing.
         if req.idempotency_key.is_some() {
-            joined(self.commit(rec.clone()).await)?;
+            guard.recording(&rec, self.commit(rec.clone()));
+            if let Some(committed) = guard.recorded().await {
+                committed?;
+            }
         }
 
         let mut layer_leases = image.leases;
@@ -606,8 +614,12 @@ impl Node {
         // its record already and stays in order: a concurrent call with
         // the key waits for it to leave `creating` and must then find the
         // sandbox made.
-        let early = (pooled.is_none() && req.idempotency_key.is_none() && driver.recovers_handles())
-            .then(|| self.commit(rec.clone()));
+        if let Some((handle, _)) = &pooled {
+            guard.made(&driver, handle);
+        }
+        if pooled.is_none() && req.idempotency_key.is_none() && driver.recovers_handles() {
+            guard.recording(&rec, self.commit(rec.clone()));
+        }
         let made = match pooled {
             Some((handle, member_leases)) => {
                 rec.info.from_pool = true;
@@ -640,6 +652,9 @@ impl Node {
                 }
             }
         };
+        if let Ok(handle) = &made {
+            guard.made(&driver, handle);
+        }
         let made = match made {
             Ok(handle) if req.network == warren_api::NetworkMode::Allowlist => {
                 match self.plug_network(&id, &driver, &handle, &policy).await {
@@ -652,10 +667,7 @@ impl Node {
             }
             other => other,
         };
-        let early_committed = match early {
-            Some(commit) => Some(joined(commit.await)),
-            None => None,
-        };
+        let early_committed = guard.recorded().await;
         let handle = match made {
             Ok(h) => h,
             Err(e) => {
@@ -671,6 +683,7 @@ impl Node {
                     // Let a retry with the same key try again instead of replaying the failure.
                     let _ = self.store().delete(Table::Idempotency, key);
                 }
+                guard.settle();
                 return Err(e);
             }
         };
@@ -684,12 +697,14 @@ impl Node {
             // The sandbox stands but its record could not be made durable.
             Some(Err(e)) => {
                 let _ = driver.destroy(&handle).await;
+                guard.settle();
                 return Err(e);
             }
             None => joined(self.commit(rec.clone()).await)?,
         }
         let info = rec.info.clone();
         self.live_map().insert(id.clone(), Live::new(id, handle, driver, rec, layer_leases));
+        guard.settle();
         if info.phase.is_some() {
             self.watch_protected_paths(&info.id).await;
         }
