@@ -11,12 +11,11 @@
 use std::sync::Arc;
 
 use tokio::task::JoinHandle;
-use warren_api::{EndReason, SandboxState};
+use warren_api::EndReason;
 use warren_backend::{Driver, SandboxHandle};
-use warren_store::{StateStoreExt, Table};
 
-use crate::records::{IdempotencyClaim, SandboxRecord};
-use crate::{joined, now_ms, Node, Result};
+use crate::records::SandboxRecord;
+use crate::{joined, Node, Result};
 
 /// What the end message of an abandoned create says.
 pub(crate) const ABANDONED: &str = "the create was abandoned before it finished (its caller went away)";
@@ -98,11 +97,7 @@ impl Drop for CreateGuard {
                 let _ = pending.await;
             }
             if let Some(mut rec) = record {
-                rec.info.state = SandboxState::Ended;
-                rec.info.end_reason = Some(EndReason::CreateFailed);
-                rec.info.end_message = Some(ABANDONED.into());
-                rec.info.ended_at_ms = Some(now_ms());
-                rec.handle = None;
+                rec.mark_ended(EndReason::CreateFailed, Some(ABANDONED.into()));
                 node.inner.metrics.ended(rec.info.backend, EndReason::CreateFailed, &rec.info.project);
                 if let Err(e) = joined(node.commit(rec).await) {
                     tracing::warn!(sandbox = %id, "abandoned create: cannot record its end: {e}");
@@ -110,10 +105,7 @@ impl Drop for CreateGuard {
             }
             if let Some(key) = key {
                 // A retry with the key makes the sandbox anew.
-                let claim = node.store().get_json::<IdempotencyClaim>(Table::Idempotency, &key).ok().flatten();
-                if claim.is_some_and(|c| c.sandbox_id == id) {
-                    let _ = node.store().delete(Table::Idempotency, &key);
-                }
+                let _ = node.release_idempotency_key(&key, &id);
             }
         });
     }

@@ -674,10 +674,7 @@ impl Node {
                 let source = if rec.info.from_pool { CreateSource::Pool } else { CreateSource::Fresh };
                 self.inner.metrics.create_failed(req.backend, source, &rec.info.project);
                 self.inner.metrics.ended(req.backend, EndReason::CreateFailed, &rec.info.project);
-                rec.info.state = SandboxState::Ended;
-                rec.info.end_reason = Some(EndReason::CreateFailed);
-                rec.info.end_message = Some(e.to_string());
-                rec.info.ended_at_ms = Some(now_ms());
+                rec.mark_ended(EndReason::CreateFailed, Some(e.to_string()));
                 joined(self.commit(rec.clone()).await)?;
                 if let Some(key) = &req.idempotency_key {
                     // Let a retry with the same key try again instead of replaying the failure.
@@ -841,12 +838,7 @@ impl Node {
         let mode = live.record().info.network;
         self.unplug_network(id, mode).await;
         let mut rec = live.record().clone();
-        rec.info.state = SandboxState::Ended;
-        rec.info.end_reason = Some(reason);
-        rec.info.ended_at_ms = Some(now_ms());
-        rec.info.usage = None;
-        rec.info.end_message = message;
-        rec.handle = None;
+        rec.mark_ended(reason, message);
         // The end is committed while the driver tears down, not after it:
         // the device sync and the teardown overlap, and the call still
         // answers only once both are done. A crash between the two leaves
@@ -1507,12 +1499,19 @@ impl Node {
     fn forget_ended_record(&self, id: &str, rec: &SandboxRecord) -> Result<()> {
         self.store().delete_prefix(Table::Execs, &format!("{id}/"))?;
         if let Some(key) = &rec.info.idempotency_key {
-            let claim = self.store().get_json::<records::IdempotencyClaim>(Table::Idempotency, key).ok().flatten();
-            if claim.is_some_and(|c| c.sandbox_id == id) {
-                self.store().delete(Table::Idempotency, key)?;
-            }
+            self.release_idempotency_key(key, id)?;
         }
         self.store().delete(Table::Sandboxes, id)?;
+        Ok(())
+    }
+
+    /// Frees idempotency key `key` for a new create, if it still names
+    /// sandbox `id` (a later create may have claimed it since).
+    fn release_idempotency_key(&self, key: &str, id: &str) -> Result<()> {
+        let claim = self.store().get_json::<records::IdempotencyClaim>(Table::Idempotency, key).ok().flatten();
+        if claim.is_some_and(|c| c.sandbox_id == id) {
+            self.store().delete(Table::Idempotency, key)?;
+        }
         Ok(())
     }
 
@@ -1589,12 +1588,11 @@ impl Node {
                 if let Some(h) = &rec.handle {
                     let _ = driver.destroy(h).await;
                 }
-                rec.info.state = SandboxState::Ended;
-                rec.info.end_reason = Some(EndReason::NodeRestarted);
                 self.inner.metrics.ended(rec.info.backend, EndReason::NodeRestarted, &rec.info.project);
-                rec.info.end_message = Some("the node restarted and the sandbox could not be re-adopted".into());
-                rec.info.ended_at_ms = Some(now_ms());
-                rec.handle = None;
+                rec.mark_ended(
+                    EndReason::NodeRestarted,
+                    Some("the node restarted and the sandbox could not be re-adopted".into()),
+                );
                 self.save(&rec)?;
                 let _ = self.store().delete_prefix(Table::Sessions, &format!("{id}/"));
             }

@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use warren_api::{
-    CreateSandboxRequest, ExecFrame, ExecOutput, ExecResult, ImageInfo, SandboxInfo, SessionInfo, StreamName,
+    CreateSandboxRequest, EndReason, ExecFrame, ExecOutput, ExecResult, ImageInfo, SandboxInfo, SandboxState,
+    SessionInfo, StreamName,
 };
 use warren_backend::SandboxHandle;
 
@@ -62,6 +63,19 @@ pub struct SandboxRecord {
     pub workdir: Option<String>,
     /// Present while the sandbox runs: what the driver needs to re-adopt it.
     pub handle: Option<SandboxHandle>,
+}
+
+impl SandboxRecord {
+    /// The record of the sandbox ended now with `reason`: nothing of it
+    /// runs, so no handle and no usage are kept.
+    pub fn mark_ended(&mut self, reason: EndReason, message: Option<String>) {
+        self.info.state = SandboxState::Ended;
+        self.info.end_reason = Some(reason);
+        self.info.end_message = message;
+        self.info.ended_at_ms = Some(crate::now_ms());
+        self.info.usage = None;
+        self.handle = None;
+    }
 }
 
 /// Keyed by idempotency key in [`Table::Idempotency`].

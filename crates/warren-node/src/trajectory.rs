@@ -988,13 +988,8 @@ impl Node {
         for (sandbox, bytes) in self.store().list(Table::Trajectories, "")? {
             let Ok(mut header) = serde_json::from_slice::<Header>(&bytes) else { continue };
             if header.ended_at_ms.is_none() {
-                let ended = match self.store().get_json::<SandboxRecord>(Table::Sandboxes, &sandbox)? {
-                    Some(rec) if rec.info.state == SandboxState::Ended => rec.info.ended_at_ms,
-                    Some(_) => None,
-                    // Forgotten before this sweep saw it end: the clock starts now.
-                    None => Some(now),
-                };
-                let Some(ended) = ended else { continue };
+                // Forgotten before this sweep saw it end: the clock starts now.
+                let Some(ended) = self.ended_at(&sandbox, &header, now)? else { continue };
                 header.ended_at_ms = Some(ended);
                 self.store().put_json(Table::Trajectories, &sandbox, &header)?;
             }
@@ -1014,27 +1009,32 @@ impl Node {
         Ok(())
     }
 
-    /// When each ended sandbox that still has a trajectory ended (the
-    /// header's time, or its record's when the sweep has not set it yet;
-    /// 0 when its record is already forgotten: long ago).
+    /// When each ended sandbox that still has a trajectory ended (0 when
+    /// its record is already forgotten: long ago).
     pub(crate) fn ended_trajectories(&self) -> Result<Vec<(String, u64)>> {
         let mut ended = Vec::new();
         for (sandbox, bytes) in self.store().list(Table::Trajectories, "")? {
             let Ok(header) = serde_json::from_slice::<Header>(&bytes) else { continue };
-            let at = match header.ended_at_ms {
-                Some(at) => Some(at),
-                // A header is written only beside a record (`missing_header`).
-                None => match self.store().get_json::<SandboxRecord>(Table::Sandboxes, &sandbox)? {
-                    Some(rec) if rec.info.state == SandboxState::Ended => rec.info.ended_at_ms,
-                    Some(_) => None,
-                    None => Some(0),
-                },
-            };
-            if let Some(at) = at {
+            if let Some(at) = self.ended_at(&sandbox, &header, 0)? {
                 ended.push((sandbox, at));
             }
         }
         Ok(ended)
+    }
+
+    /// When the sandbox of a trajectory ended: the header's time, or its
+    /// record's while the sweep has not set it yet, or `forgotten` when the
+    /// record is gone too (a header is written only beside a record:
+    /// `missing_header`); `None` while it has not ended.
+    fn ended_at(&self, sandbox: &str, header: &Header, forgotten: u64) -> Result<Option<u64>> {
+        if let Some(at) = header.ended_at_ms {
+            return Ok(Some(at));
+        }
+        Ok(match self.store().get_json::<SandboxRecord>(Table::Sandboxes, sandbox)? {
+            Some(rec) if rec.info.state == SandboxState::Ended => rec.info.ended_at_ms,
+            Some(_) => None,
+            None => Some(forgotten),
+        })
     }
 }
 
