@@ -4,11 +4,14 @@
 # (`backend: "microvm"`: QEMU -M microvm, warren-init as PID 1) on the same
 # image, kernel and guest size, over Warren's HTTP API; beside them a
 # microVM and a full VM restored from a snapshot (a second server with
-# `--vm-snapshots on`) and two bare QEMU -M microvm boots of the same
+# `--vm-snapshots on`) and three bare QEMU -M microvm boots of the same
 # kernel, QEMU start to exit: one of the driver's initramfs told
-# `warren.probe` (warren-init powers the VM off as soon as it runs), one
-# of a trivial init (a 9 KiB initramfs of a static program that only
-# powers the VM off: issue 6's comparison); writes
+# `warren.probe` (warren-init powers the VM off as soon as it runs) and
+# two of a trivial init (a 9 KiB initramfs of a static program that only
+# powers the VM off): with the kernel's own boot (only the timing flags
+# without which it does not boot well under TCG: issue 6's comparison),
+# and with the kernel command line the driver gives its guests (which
+# skips boot work no guest uses: the floor for Warren's own share); writes
 # bench/results/<YYYY-MM-DD>-vm-boot.md.
 #
 # Usage: bench/vm-boot.sh [--no-full-vm] [SAMPLES]   (default 5 per backend; needs root)
@@ -42,9 +45,9 @@ BIN=${WARREN_BIN:-$PWD/target/release/warren}
 ROOTFS=/var/cache/warren/vm-systemd-rootfs
 MEMORY_MIB=512
 OUT=${VM_BOOT_OUT:-bench/results/$(date -u +%Y-%m-%d)-vm-boot.md}
-LABELS="microvm vm snapshot vmsnapshot bare trivial"
+LABELS="microvm vm snapshot vmsnapshot bare trivial trimmed"
 SNAP_LABELS="snapshot vmsnapshot"
-if [ $FULL_VM = 0 ]; then LABELS="microvm snapshot bare trivial" SNAP_LABELS=snapshot; fi
+if [ $FULL_VM = 0 ]; then LABELS="microvm snapshot bare trivial trimmed" SNAP_LABELS=snapshot; fi
 
 [ "$(id -u)" -eq 0 ] || { echo "vm-boot.sh: needs root" >&2; exit 1; }
 [ -x "$BIN" ] || { echo "vm-boot.sh: no $BIN (cargo build --release -p warren -p warren-init)" >&2; exit 1; }
@@ -58,6 +61,8 @@ DATA=$(mktemp -d /tmp/warren-vm-boot.XXXXXX)
 SNAP_DATA=$(mktemp -d /tmp/warren-vm-snap.XXXXXX)
 INSTANCE=wb-vm-$$
 SAMPLES_FILE=$DATA.samples
+# The kernel command line the driver gave its first guest (see `sample`).
+APPEND_FILE=$DATA.append
 TRIVIAL=$DATA.trivial
 SERVER=""
 SNAP_SERVER=""
@@ -79,7 +84,7 @@ stop_server() { # <pid> <url>
 cleanup() {
     stop_server "$SERVER" "$URL"
     stop_server "$SNAP_SERVER" "$SNAP_URL"
-    rm -rf "$DATA" "$SNAP_DATA" "$SAMPLES_FILE" "$DATA.log" "$SNAP_DATA.log" "$TRIVIAL"
+    rm -rf "$DATA" "$SNAP_DATA" "$SAMPLES_FILE" "$APPEND_FILE" "$DATA.log" "$SNAP_DATA.log" "$TRIVIAL"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -133,8 +138,22 @@ sample() {
     [ "$url" = "$URL" ] || instance=$INSTANCE-s
     [ "$backend" = microvm ] && instance=$instance-vm || instance=$instance-fullvm
     throttled=$(throttled_ms "$instance/$id")
+    [ -s "$APPEND_FILE" ] || [ "$label" != microvm ] || guest_append "$instance/$id" >"$APPEND_FILE"
     curl -sf -X DELETE "$url/v1/sandboxes/$id" >/dev/null
     echo "$label $((t1 - t0)) $((t2 - t1)) $(echo "$info" | jq -r '.boot // "-"') $throttled"
+}
+
+# The kernel command line of the QEMU in the sandbox cgroup <instance>/<id>
+# without what only that sandbox is told (its `warren.*` words).
+guest_append() {
+    for procs in /sys/fs/cgroup/cpu/$1/cgroup.procs /sys/fs/cgroup/$1/cgroup.procs; do
+        [ -f "$procs" ] || continue
+        for pid in $(cat "$procs"); do
+            tr '\0' '\n' <"/proc/$pid/cmdline" | awk 'found { print; exit } $0 == "-append" { found = 1 }' |
+                tr ' ' '\n' | grep -v '^warren\.' | tr '\n' ' '
+            return
+        done
+    done
 }
 
 # How long the CPU cap of the sandbox's cgroup <instance>/<id> (its `cpus`:
@@ -166,14 +185,18 @@ cc -static -nostdlib -Os -s -o "$TRIVIAL/root/init" "$TRIVIAL/init.c"
 (cd "$TRIVIAL/root" && echo init | cpio --quiet -o -H newc) >"$TRIVIAL/initramfs.cpio"
 
 # QEMU -M microvm with the driver's kernel, booting <label>'s initramfs:
-# `bare` the driver's (its init told to power off at once), `trivial` the
-# trivial init's; prints "<label> <ms> 0 cold". The guest is told the
-# host's TSC rate as the driver tells it (read from /proc/cpuinfo here).
+# `bare` the driver's (its init told to power off at once), `trivial` and
+# `trimmed` the trivial init's; prints "<label> <ms> 0 cold". `trivial`'s
+# kernel line has only the timing flags the driver gives (the host's TSC
+# rate, read from /proc/cpuinfo here), `bare`'s and `trimmed`'s the
+# driver's whole line (from its first guest's QEMU).
 KERNEL=$(ls /boot/vmlinuz-*-cloud-amd64 | sort -V | tail -n 1)
 TSC_KHZ=$(awk '/cpu MHz/ {printf "%d", $4 * 1000; exit}' /proc/cpuinfo)
 bare() {
     initrd=$DATA/vm/.initramfs.cpio
     [ "$1" = bare ] || initrd=$TRIVIAL/initramfs.cpio
+    append="console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check tsc_early_khz=$TSC_KHZ lpj=$((TSC_KHZ * 4))"
+    [ "$1" = trivial ] || append=$(cat "$APPEND_FILE")
     # The same kernel as the driver boots: the vmlinux it unpacked from
     # $KERNEL (PVH entry, no decompression in the guest) when it did.
     kernel=$KERNEL
@@ -182,7 +205,7 @@ bare() {
     qemu-system-x86_64 -M microvm,pit=off,pic=off,rtc=on,isa-serial=on -accel tcg,tb-size=64 -cpu max,cx16=off \
         -m $MEMORY_MIB -smp 1 -nodefaults -no-user-config -display none -no-reboot \
         -kernel "$kernel" -initrd "$initrd" \
-        -append "console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check tsc_early_khz=$TSC_KHZ lpj=$((TSC_KHZ * 4)) warren.probe" \
+        -append "$append warren.probe" \
         >/dev/null 2>&1 </dev/null || { echo "vm-boot.sh: the $1 QEMU boot failed" >&2; exit 1; }
     t1=$(now_ms)
     echo "$1 $((t1 - t0)) 0 cold -"
@@ -191,6 +214,7 @@ bare() {
 LOAD_AT_START=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "vm-boot.sh: warm-up (initramfs and layer disk per driver; the snapshot)" >&2
 sample microvm >/dev/null
+[ -s "$APPEND_FILE" ] || { echo "vm-boot.sh: could not read the guest's kernel command line" >&2; exit 1; }
 [ $FULL_VM = 0 ] || sample vm >/dev/null
 # The first create of the shape boots and starts the snapshot's build.
 for label in $SNAP_LABELS; do
@@ -258,11 +282,13 @@ turn_ratios() {
     [ $FULL_VM = 0 ] || echo "| \`vm\` restored from a snapshot (\`--vm-snapshots on\`) | $(stats vmsnapshot create) | $(stats vmsnapshot exec) | $(stats vmsnapshot total) |"
     echo "| bare \`qemu -M microvm\`, same kernel and initramfs, init powers off at once (QEMU start to exit) | $(stats bare create) | - | $(stats bare total) |"
     echo "| bare \`qemu -M microvm\`, same kernel, a trivial init (9 KiB initramfs) that powers off (QEMU start to exit) | $(stats trivial create) | - | $(stats trivial total) |"
+    echo "| the same trivial init, the kernel command line Warren gives its guests | $(stats trimmed create) | - | $(stats trimmed total) |"
     echo
     cold=$(stats microvm total | cut -d' ' -f1)
     snap=$(stats snapshot total | cut -d' ' -f1)
     bare=$(stats bare total | cut -d' ' -f1)
     trivial=$(stats trivial total | cut -d' ' -f1)
+    trimmed=$(stats trimmed total | cut -d' ' -f1)
     full=""
     if [ $FULL_VM = 1 ]; then
         vmcold=$(stats vm total | cut -d' ' -f1)
@@ -273,7 +299,12 @@ turn_ratios() {
         "$(awk -v s="$snap" -v c="$cold" 'BEGIN { printf "%.2f", s / c }')x (target <= 0.2x),$full" \
         "cold boot to first exec / bare boot of a trivial init = $(awk -v c="$cold" -v b="$trivial" 'BEGIN { printf "%.2f", c / b }')x" \
         "(target <= 1.1x; per turn $(turn_ratios trivial)), / bare boot of the same initramfs =" \
-        "$(awk -v c="$cold" -v b="$bare" 'BEGIN { printf "%.2f", c / b }')x (per turn $(turn_ratios bare))."
+        "$(awk -v c="$cold" -v b="$bare" 'BEGIN { printf "%.2f", c / b }')x (per turn $(turn_ratios bare))," \
+        "/ trivial init with Warren's kernel command line (Warren's own share) =" \
+        "$(awk -v c="$cold" -v b="$trimmed" 'BEGIN { printf "%.2f", c / b }')x (per turn $(turn_ratios trimmed))."
+    echo
+    echo "Warren's kernel command line, as its guests get it (without each"
+    echo "sandbox's own \`warren.*\` words): \`$(cat "$APPEND_FILE")\`"
     echo
     if [ $FULL_VM = 1 ]; then
         echo "What the full VM adds: SeaBIOS and the q35 machine's devices, then"
@@ -302,7 +333,9 @@ turn_ratios() {
     echo "clock). The bare boot is the floor a cold boot cannot go below: the"
     echo "kernel and init's start, without disks, modules or the agent; the"
     echo "trivial init's is the same without unpacking warren-init and the"
-    echo "modules (issue 6's comparison)."
+    echo "modules (issue 6's comparison), with the kernel's own boot or with"
+    echo "the boot work Warren's command line skips left out (what is left to"
+    echo "Warren's own machinery)."
 } >"$OUT"
 echo "vm-boot.sh: wrote $OUT" >&2
 cat "$OUT"
