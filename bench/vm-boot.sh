@@ -230,7 +230,7 @@ n=1
 while [ $n -le "$SAMPLES" ]; do
     for label in $LABELS; do
         case $label in
-        bare | trivial) s=$(bare "$label") ;;
+        bare | trivial | trimmed) s=$(bare "$label") ;;
         *) s=$(sample "$label") ;;
         esac
         echo "vm-boot.sh: sample $n: $s" >&2
