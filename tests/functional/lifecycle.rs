@@ -360,19 +360,50 @@ async fn a_create_past_the_create_timeout_answers_timed_out_and_leaves_nothing()
     server.finish().await;
 }
 
-/// Sends a create on a connection of its own and closes it before the
-/// answer: the server drops the call wherever it is.
-async fn abandon_create(server: &TestServer, body: &serde_json::Value) {
-    use tokio::io::AsyncWriteExt;
-    let addr = server.url.trim_start_matches("http://").trim_end_matches('/').to_string();
-    let body = body.to_string();
-    let request = format!(
-        "POST /v1/sandboxes HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let mut conn = tokio::net::TcpStream::connect(&addr).await.expect("connect to the server");
-    conn.write_all(request.as_bytes()).await.expect("send the create");
-    drop(conn);
+const DELETED_ENDS: &str = r#"warren_sandbox_ends_total{backend="container",reason="deleted"}"#;
+
+/// A delete whose client hangs up midway still ends the sandbox: it ends
+/// `deleted`, nothing of it runs, its running exec is recorded killed, its
+/// end is counted once, and the node counts the call as abandoned. (Dropped
+/// at one of its awaits, the end used to stop there: the sandbox out of
+/// the node's live map, the rest of its end - the count, a microVM's
+/// teardown - never done.) Rounds repeat until a close lands while the
+/// delete runs; one that lands before the call starts leaves the sandbox
+/// running, and it is deleted the ordinary way.
+#[tokio::test]
+async fn a_delete_whose_caller_goes_away_still_ends_the_sandbox() {
+    let server = TestServer::start().await;
+    let mut round = 0;
+    while server.abandoned_calls("delete").await == 0.0 {
+        round += 1;
+        assert!(round <= 20, "in 20 rounds no close landed while the delete ran");
+        let sb = server.create_small().await;
+        // Processes to kill make the teardown, and so the window, longer.
+        server.sh_ok(&sb.id, "for i in 1 2 3 4 5 6 7 8; do sleep 600 >/dev/null 2>&1 & done").await;
+        let mut running = server.exec_open(&sb.id, &ExecRequest::argv(["sleep", "600"])).await;
+        let exec_id = running.exec_id().await;
+        let ends_before = server.scrape().await.get(DELETED_ENDS);
+        server.abandon(Method::DELETE, &format!("/v1/sandboxes/{}", sb.id), None).await;
+        let info = server.poll_ended(&sb.id, Duration::from_secs(3)).await;
+        if info.state != SandboxState::Ended {
+            let abandoned = server.abandoned_calls("delete").await;
+            assert_eq!(abandoned, 0.0, "round {round}: the abandoned delete left {info:?}");
+            server.delete(&sb.id).await;
+            continue;
+        }
+        assert_eq!(info.end_reason, Some(EndReason::Deleted), "round {round}: {info:?}");
+        // The end's record is committed beside the teardown, not after it.
+        let ended = tokio::time::Instant::now();
+        while !sandbox_pids(&server.instance, &sb.id).is_empty() && ended.elapsed() < REAPER_WAIT {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(sandbox_pids(&server.instance, &sb.id).is_empty(), "round {round}: the deleted sandbox runs on");
+        let exec = server.wait_exec(&sb.id, &exec_id, REAPER_WAIT).await;
+        assert_eq!(exec.status, ExecStatus::Killed, "round {round}: the exec the delete ended: {exec:?}");
+        let ends = server.scrape().await.get(DELETED_ENDS) - ends_before;
+        assert_eq!(ends, 1.0, "round {round}: the delete's end is counted once");
+    }
+    server.finish().await;
 }
 
 /// A create whose client goes away midway leaves nothing half-done: the
@@ -393,7 +424,7 @@ async fn a_create_whose_caller_goes_away_ends_create_failed_and_frees_its_key() 
             if keyed {
                 body["idempotency_key"] = json!(key);
             }
-            abandon_create(&server, &body).await;
+            server.abandon(Method::POST, "/v1/sandboxes", Some(&body)).await;
             // The call is over once its record is ended or running, or
             // there is none a while after the close.
             let closed = tokio::time::Instant::now();
@@ -426,6 +457,7 @@ async fn a_create_whose_caller_goes_away_ends_create_failed_and_frees_its_key() 
             }
         }
         let (sb, body) = abandoned.expect("in 10 rounds no close landed while the sandbox was made");
+        assert!(server.abandoned_calls("create").await >= 1.0, "the abandoned create is not counted");
         assert_eq!(sb.end_reason, Some(EndReason::CreateFailed), "{sb:?}");
         assert!(sb.end_message.as_deref().is_some_and(|m| m.contains("abandoned")), "{sb:?}");
         assert!(sandbox_pids(&server.instance, &sb.id).is_empty(), "the abandoned sandbox runs on");

@@ -47,6 +47,39 @@ async fn a_microvm_reports_its_accelerator_and_runs_its_own_kernel_and_resources
     server.finish().await;
 }
 
+/// A microVM whose DELETE's client hangs up midway is torn down all the
+/// same: it ends `deleted` with no QEMU, disk, socket or cgroup left (its
+/// teardown awaits QEMU's exit, and a dropped call used to stop there).
+/// Rounds repeat until a close lands while the delete runs (the node
+/// counts the call as abandoned); one that lands before the call starts
+/// leaves the VM running, and it is deleted the ordinary way.
+#[tokio::test]
+async fn a_microvm_whose_delete_is_abandoned_is_torn_down_all_the_same() {
+    require_qemu_and_kernel("microvm");
+    let server = TestServer::start().await;
+    let mut round = 0;
+    while server.abandoned_calls("delete").await == 0.0 {
+        round += 1;
+        assert!(round <= 5, "in 5 rounds no close landed while the delete ran");
+        let sb = create_vm(&server, json!({})).await;
+        guest::assert_vm_lives(warren_api::Backend::Microvm, &server, &sb.id);
+        server.abandon(Method::DELETE, &format!("/v1/sandboxes/{}", sb.id), None).await;
+        let info = server.poll_ended(&sb.id, Duration::from_secs(10)).await;
+        if info.state != SandboxState::Ended {
+            assert_eq!(
+                server.abandoned_calls("delete").await,
+                0.0,
+                "round {round}: the abandoned delete left {info:?}"
+            );
+            delete_leaves_nothing(warren_api::Backend::Microvm, &server, &sb.id).await;
+            continue;
+        }
+        assert_eq!(info.end_reason, Some(warren_api::EndReason::Deleted), "round {round}: {info:?}");
+        guest::wait_vm_gone(warren_api::Backend::Microvm, &server, &sb.id, Duration::from_secs(10)).await;
+    }
+    server.finish().await;
+}
+
 /// The guest's own kernel, and the sandbox's resources as the guest sees
 /// them: vCPUs, memory, the writable disk's size (`small` asks for 1 CPU
 /// and 64 MiB of disk).

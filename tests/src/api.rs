@@ -166,6 +166,35 @@ impl TestServer {
         self.http.request(method, format!("{}{path}", self.url))
     }
 
+    /// Sends `method path` (with a JSON `body`) and hangs up at once,
+    /// without reading the answer: the server drops the call wherever it
+    /// has got to.
+    pub async fn abandon(&self, method: Method, path: &str, body: Option<&Value>) {
+        use tokio::io::AsyncWriteExt;
+        let addr = self.url.trim_start_matches("http://").trim_end_matches('/').to_string();
+        let body = body.map(Value::to_string).unwrap_or_default();
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let mut conn = tokio::net::TcpStream::connect(&addr).await.expect("connect to the server");
+        conn.write_all(request.as_bytes()).await.expect("send the request");
+        drop(conn);
+    }
+
+    /// One scrape of `GET /metrics`.
+    pub async fn scrape(&self) -> crate::prometheus::Scrape {
+        let answer = self.http.get(format!("{}/metrics", self.url)).send().await.expect("GET /metrics");
+        assert_eq!(answer.status(), StatusCode::OK);
+        crate::prometheus::parse(&answer.text().await.expect("the metrics text"))
+    }
+
+    /// `warren_abandoned_calls_total{call}`: calls whose caller went away
+    /// before they finished.
+    pub async fn abandoned_calls(&self, call: &str) -> f64 {
+        self.scrape().await.must(&format!("warren_abandoned_calls_total{{call=\"{call}\"}}"))
+    }
+
     // ---- sandboxes ---------------------------------------------------------
 
     pub async fn try_create(&self, body: &Value) -> (StatusCode, Value) {
@@ -194,6 +223,18 @@ impl TestServer {
         let (status, value) = self.try_get(id).await;
         assert_eq!(status, StatusCode::OK, "get {id}: {value}");
         parse("get", value)
+    }
+
+    /// The sandbox once it has ended, or as it is after `within`.
+    pub async fn poll_ended(&self, id: &str, within: Duration) -> SandboxInfo {
+        let deadline = Instant::now() + within;
+        loop {
+            let info = self.get(id).await;
+            if info.state == SandboxState::Ended || Instant::now() >= deadline {
+                return info;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// `GET /v1/sandboxes`, optionally `?label=k=v`.

@@ -63,14 +63,46 @@ pub async fn pause_or_resume(server: &TestServer, id: &str, verb: &str, want: Sa
 /// in its driver's cgroups, no sandbox cgroup, no run directory (disk,
 /// sockets).
 pub async fn delete_leaves_nothing(backend: Backend, server: &TestServer, id: &str) {
-    let (vm_instance, run_dir) = match backend {
-        Backend::Vm => (leaks::full_vm_instance(&server.instance), server.data_dir().join("fullvm").join(id)),
-        _ => (leaks::vm_instance(&server.instance), server.data_dir().join("vm").join(id)),
-    };
-    assert!(run_dir.join("rw.img").is_file(), "a live VM has its writable disk");
-    assert!(!leaks::instance_processes(&vm_instance).is_empty(), "QEMU runs in its driver's cgroup");
+    assert_vm_lives(backend, server, id);
     let ended = server.delete(id).await;
     assert_eq!(ended.end_reason, Some(EndReason::Deleted));
+    assert_vm_gone(backend, server, id);
+}
+
+/// The VM's QEMU process and run directory (`vm/<id>` or `fullvm/<id>`
+/// in the data directory) and the driver's cgroup instance.
+fn vm_paths(backend: Backend, server: &TestServer, id: &str) -> (String, std::path::PathBuf) {
+    match backend {
+        Backend::Vm => (leaks::full_vm_instance(&server.instance), server.data_dir().join("fullvm").join(id)),
+        _ => (leaks::vm_instance(&server.instance), server.data_dir().join("vm").join(id)),
+    }
+}
+
+/// VM `id` (the only one of its driver) has its writable disk and QEMU.
+pub fn assert_vm_lives(backend: Backend, server: &TestServer, id: &str) {
+    let (vm_instance, run_dir) = vm_paths(backend, server, id);
+    assert!(run_dir.join("rw.img").is_file(), "a live VM has its writable disk");
+    assert!(!leaks::instance_processes(&vm_instance).is_empty(), "QEMU runs in its driver's cgroup");
+}
+
+/// [`assert_vm_gone`] once the VM's run directory and QEMU are gone, or
+/// `within` has passed (an end's record can be committed before its
+/// teardown is done: they run side by side).
+pub async fn wait_vm_gone(backend: Backend, server: &TestServer, id: &str, within: std::time::Duration) {
+    let (vm_instance, run_dir) = vm_paths(backend, server, id);
+    let deadline = std::time::Instant::now() + within;
+    while (run_dir.exists() || !leaks::instance_processes(&vm_instance).is_empty())
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_vm_gone(backend, server, id);
+}
+
+/// Nothing of ended VM `id` is left: no run directory (disk, sockets), no
+/// QEMU process, no cgroup.
+pub fn assert_vm_gone(backend: Backend, server: &TestServer, id: &str) {
+    let (vm_instance, run_dir) = vm_paths(backend, server, id);
     assert!(!run_dir.exists(), "{} survives the delete", run_dir.display());
     assert_eq!(leaks::instance_processes(&vm_instance), vec![], "QEMU survives the delete");
     let cgroups: Vec<_> =

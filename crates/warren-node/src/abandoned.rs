@@ -78,6 +78,7 @@ impl Drop for CreateGuard {
         if self.settled {
             return;
         }
+        self.node.inner.metrics.abandoned("create");
         let (node, record, pending, made) =
             (self.node.clone(), self.record.take(), self.pending.take(), self.made.take());
         let (id, key) = (std::mem::take(&mut self.id), self.key.take());

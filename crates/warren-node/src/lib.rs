@@ -808,7 +808,23 @@ impl Node {
 
     /// Ends a live sandbox with `reason`: stops its execs, destroys it, and
     /// records the end. Only the first of concurrent calls does the work.
+    ///
+    /// The work runs as a task of its own, which the caller only waits for:
+    /// dropped at one of its `.await`s (an HTTP client that hangs up on its
+    /// DELETE drops the call), it would stop there, with the sandbox out of
+    /// the live map but half torn down and never recorded ended.
     async fn end(&self, id: &str, reason: EndReason, message: Option<String>) -> Result<SandboxInfo> {
+        let node = self.clone();
+        let owned_id = id.to_string();
+        let ending = tokio::spawn(async move { node.end_now(&owned_id, reason, message).await });
+        let call = if reason == EndReason::Deleted { "delete" } else { "end" };
+        let mut waiting = AbandonWatch { metrics: &self.inner.metrics, call, id, done: false };
+        let ended = ending.await.map_err(|e| NodeError::Internal(format!("end task: {e}")));
+        waiting.done = true;
+        ended?
+    }
+
+    async fn end_now(&self, id: &str, reason: EndReason, message: Option<String>) -> Result<SandboxInfo> {
         self.inner.pools.busy();
         let live = self.live_as_is(id)?;
         if self.live_map().remove(id).is_none() {
@@ -1723,6 +1739,24 @@ fn base_env(sandbox_env: &BTreeMap<String, String>) -> BTreeMap<String, String> 
 
 /// The outcome of a task on the blocking pool; a task that panicked is an
 /// internal error.
+/// Counts (and logs) a call whose caller stopped waiting for it before it
+/// finished, when dropped before `done`.
+struct AbandonWatch<'a> {
+    metrics: &'a metrics::NodeMetrics,
+    call: &'static str,
+    id: &'a str,
+    done: bool,
+}
+
+impl Drop for AbandonWatch<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.metrics.abandoned(self.call);
+            tracing::info!(sandbox = %self.id, call = self.call, "the caller went away; the call runs to its end");
+        }
+    }
+}
+
 fn joined<T>(outcome: std::result::Result<Result<T>, tokio::task::JoinError>) -> Result<T> {
     outcome.map_err(|e| NodeError::Internal(format!("store task: {e}")))?
 }

@@ -42,6 +42,8 @@ const STATES: [SandboxState; 4] =
     [SandboxState::Creating, SandboxState::Running, SandboxState::Paused, SandboxState::Ending];
 const SOURCES: [CreateSource; 2] = [CreateSource::Pool, CreateSource::Fresh];
 const EXEC_ENDS: [ExecStatus; 4] = [ExecStatus::Ok, ExecStatus::TimedOut, ExecStatus::Killed, ExecStatus::Oom];
+/// The calls [`NodeMetrics::abandoned`] counts.
+pub const ABANDONABLE_CALLS: [&str; 3] = ["create", "delete", "end"];
 
 type Labels<const N: usize> = [(&'static str, String); N];
 type HistogramFamily<const N: usize> = Family<Labels<N>, Histogram, fn() -> Histogram>;
@@ -99,6 +101,7 @@ pub struct NodeMetrics {
     exec_seconds: HistogramFamily<1>,
     ends: Family<Labels<2>, Counter>,
     security_events: Family<Labels<1>, Counter>,
+    abandoned_calls: Family<Labels<1>, Counter>,
     image_fetched_bytes: Counter,
     image_fetched_chunks: Counter,
     layer_cache_hits: Counter,
@@ -131,6 +134,7 @@ impl NodeMetrics {
             exec_seconds: Family::new_with_constructor(exec_histogram as fn() -> Histogram),
             ends: Family::default(),
             security_events: Family::default(),
+            abandoned_calls: Family::default(),
             image_fetched_bytes: Counter::default(),
             image_fetched_chunks: Counter::default(),
             layer_cache_hits: Counter::default(),
@@ -171,6 +175,11 @@ impl NodeMetrics {
             "security_events",
             "Security events the node learnt of, by kind (init's are pulled when a client reads them)",
             m.security_events.clone(),
+        );
+        registry.register(
+            "abandoned_calls",
+            "Calls whose caller went away before they finished, by call (create: undone; delete, or an end for another reason: finished); the node saw to the sandbox itself",
+            m.abandoned_calls.clone(),
         );
         registry.register_with_unit(
             "image_fetched",
@@ -242,6 +251,9 @@ impl NodeMetrics {
         for status in EXEC_ENDS {
             let _ = m.execs.get_or_create(&[("status", wire(&status))]);
         }
+        for call in ABANDONABLE_CALLS {
+            let _ = m.abandoned_calls.get_or_create(&[("call", call.into())]);
+        }
         m.capacity_cpus.set(std::thread::available_parallelism().map_or(1, |n| n.get()) as f64);
         let info = rustix::system::sysinfo();
         m.capacity_memory_bytes
@@ -295,6 +307,11 @@ impl NodeMetrics {
 
     pub fn security_event(&self, kind: SecurityEventKind) {
         self.security_events.get_or_create(&[("kind", wire(&kind))]).inc();
+    }
+
+    /// A call (one of [`ABANDONABLE_CALLS`]) whose caller stopped waiting.
+    pub fn abandoned(&self, call: &'static str) {
+        self.abandoned_calls.get_or_create(&[("call", call.into())]).inc();
     }
 
     // ---- levels and output ----------------------------------------------------
