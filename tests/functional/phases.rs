@@ -358,3 +358,48 @@ async fn a_killed_phase_leader_is_replaced_and_the_phase_still_holds() {
     denied(&server, &sb.id, "cat /work/answers/key").await;
     server.finish().await;
 }
+
+/// A phase switch whose client hangs up midway still completes: the
+/// sandbox's record names the new phase, its protected paths hold, the
+/// switch is in the event timeline, and the node counts the call as
+/// abandoned. (Dropped at one of its awaits, the switch used to stop
+/// there: init in the new phase, the record, the event and the phase's
+/// egress policy never following.) Rounds repeat until a close lands
+/// while the switch runs; one that lands before the call starts leaves
+/// the sandbox in `setup`, and the round starts over on a new sandbox.
+#[tokio::test]
+async fn a_phase_switch_whose_caller_goes_away_still_completes() {
+    let server = TestServer::start().await;
+    let mut round = 0;
+    loop {
+        round += 1;
+        assert!(round <= 20, "in 20 rounds no close landed while the switch ran");
+        let sb = sandbox_with_answers(&server).await;
+        // Processes the switch kills make it, and so the window, longer.
+        server.sh_ok(&sb.id, "for i in 1 2 3 4 5 6 7 8; do sleep 600 >/dev/null 2>&1 & done").await;
+        let body = json!({"name": "rollout", "kill_running": true});
+        server.abandon(Method::PUT, &format!("/v1/sandboxes/{}/phase", sb.id), Some(&body)).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        let mut info = server.get(&sb.id).await;
+        while info.phase.as_deref() != Some("rollout") && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            info = server.get(&sb.id).await;
+        }
+        let abandoned = server.abandoned_calls("phase").await;
+        if info.phase.as_deref() != Some("rollout") {
+            assert_eq!(abandoned, 0.0, "round {round}: the abandoned switch left {info:?}");
+            server.delete(&sb.id).await;
+            continue;
+        }
+        denied(&server, &sb.id, "cat /work/answers/key").await;
+        let (status, body) = server.call(Method::GET, &format!("/v1/sandboxes/{}/events", sb.id), None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let list: SecurityEventList = serde_json::from_value(body).expect("a SecurityEventList");
+        assert_eq!(list.counts.get(&SecurityEventKind::PhaseChanged), Some(&1), "round {round}: {list:?}");
+        server.delete(&sb.id).await;
+        if abandoned > 0.0 {
+            break;
+        }
+    }
+    server.finish().await;
+}

@@ -814,14 +814,26 @@ impl Node {
     /// DELETE drops the call), it would stop there, with the sandbox out of
     /// the live map but half torn down and never recorded ended.
     async fn end(&self, id: &str, reason: EndReason, message: Option<String>) -> Result<SandboxInfo> {
-        let node = self.clone();
-        let owned_id = id.to_string();
-        let ending = tokio::spawn(async move { node.end_now(&owned_id, reason, message).await });
+        let (node, owned_id) = (self.clone(), id.to_string());
         let call = if reason == EndReason::Deleted { "delete" } else { "end" };
+        self.detached(call, id, async move { node.end_now(&owned_id, reason, message).await }).await
+    }
+
+    /// Runs `work` (call `call` on sandbox `id`) as a task of its own and
+    /// waits for it. A caller that goes away stops waiting, and the work
+    /// runs on to its end instead of stopping at whatever it awaited; the
+    /// call is counted as abandoned ([`metrics::NodeMetrics::abandoned`]).
+    pub(crate) async fn detached<T: Send + 'static>(
+        &self,
+        call: &'static str,
+        id: &str,
+        work: impl std::future::Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        let task = tokio::spawn(work);
         let mut waiting = AbandonWatch { metrics: &self.inner.metrics, call, id, done: false };
-        let ended = ending.await.map_err(|e| NodeError::Internal(format!("end task: {e}")));
+        let outcome = task.await.map_err(|e| NodeError::Internal(format!("{call} task: {e}")));
         waiting.done = true;
-        ended?
+        outcome?
     }
 
     async fn end_now(&self, id: &str, reason: EndReason, message: Option<String>) -> Result<SandboxInfo> {

@@ -726,7 +726,15 @@ impl Node {
         step: Option<u64>,
     ) -> Result<Stepped<SandboxInfo>> {
         let request = to_json(&req)?;
-        self.stepped(id, step, StepKind::Phase, request, || self.set_phase(id, req)).await
+        let (node, owned_id) = (self.clone(), id.to_string());
+        // Detached: dropped midway, the switch could stop with init in the
+        // new phase but the record, the event and the phase's egress
+        // policy not yet following, and the step claimed for good (a retry
+        // of it would wait on it forever).
+        self.detached("phase", id, async move {
+            node.stepped(&owned_id, step, StepKind::Phase, request, || node.set_phase(&owned_id, req)).await
+        })
+        .await
     }
 
     pub async fn set_network_stepped(
@@ -736,8 +744,15 @@ impl Node {
         step: Option<u64>,
     ) -> Result<Stepped<SandboxInfo>> {
         let request = to_json(&policy)?;
-        self.stepped(id, step, StepKind::Network, request, || async { self.apply_network_policy(id, &policy).await })
+        let (node, owned_id) = (self.clone(), id.to_string());
+        // Detached for the same reasons as a phase switch.
+        self.detached("network", id, async move {
+            node.stepped(&owned_id, step, StepKind::Network, request, || async {
+                node.apply_network_policy(&owned_id, &policy).await
+            })
             .await
+        })
+        .await
     }
 
     /// [`Node::write_file`] as a trajectory step. The request's hash covers
