@@ -43,7 +43,7 @@ const STATES: [SandboxState; 4] =
 const SOURCES: [CreateSource; 2] = [CreateSource::Pool, CreateSource::Fresh];
 const EXEC_ENDS: [ExecStatus; 4] = [ExecStatus::Ok, ExecStatus::TimedOut, ExecStatus::Killed, ExecStatus::Oom];
 /// The calls [`NodeMetrics::abandoned`] counts.
-pub const ABANDONABLE_CALLS: [&str; 5] = ["create", "delete", "end", "phase", "network"];
+pub const ABANDONABLE_CALLS: [&str; 6] = ["create", "delete", "end", "phase", "network", "file_write"];
 
 type Labels<const N: usize> = [(&'static str, String); N];
 type HistogramFamily<const N: usize> = Family<Labels<N>, Histogram, fn() -> Histogram>;
@@ -178,7 +178,7 @@ impl NodeMetrics {
         );
         registry.register(
             "abandoned_calls",
-            "Calls whose caller went away before they finished, by call (create: undone; delete, an end for another reason, phase and network switches: finished); the node saw to the sandbox itself",
+            "Calls whose caller went away before they finished, by call (create: undone; delete, an end for another reason, phase and network switches, a stepped file write whose body was in: finished); the node saw to the sandbox itself",
             m.abandoned_calls.clone(),
         );
         registry.register_with_unit(

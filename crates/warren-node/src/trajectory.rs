@@ -729,8 +729,8 @@ impl Node {
         let (node, owned_id) = (self.clone(), id.to_string());
         // Detached: dropped midway, the switch could stop with init in the
         // new phase but the record, the event and the phase's egress
-        // policy not yet following, and the step claimed for good (a retry
-        // of it would wait on it forever).
+        // policy not yet following, and the step claimed for good (every
+        // retry of it would wait for it, then fail).
         self.detached("phase", id, async move {
             node.stepped(&owned_id, step, StepKind::Phase, request, || node.set_phase(&owned_id, req)).await
         })
@@ -790,6 +790,26 @@ impl Node {
         let request = serde_json::json!({
             "path": path, "mode": mode, "size_bytes": staged.size, "sha256": format!("sha256:{digest}"),
         });
+        // The body is in: what is left runs detached, as a phase switch
+        // does, so a caller gone now cannot leave the step claimed for good.
+        let (node, sandbox) = (self.clone(), id.to_string());
+        self.detached("file_write", id, async move {
+            node.commit_upload(&sandbox, step, request, staged, live, digest).await
+        })
+        .await
+    }
+
+    /// The rest of [`Node::write_file_stepped`] once the body is staged:
+    /// claims the step and, on a fresh claim, makes the file visible.
+    async fn commit_upload(
+        &self,
+        id: &str,
+        step: Option<u64>,
+        request: serde_json::Value,
+        mut staged: Staged,
+        live: Arc<Live>,
+        digest: String,
+    ) -> Result<Stepped<FileStat>> {
         self.live(id)?;
         let (node, sandbox, hashed) = (self.clone(), id.to_string(), request.clone());
         let (n, claim) = blocking(move || node.claim(&sandbox, step, StepKind::FileWrite, &hashed)).await?;
