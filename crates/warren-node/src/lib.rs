@@ -812,7 +812,8 @@ impl Node {
     /// The work runs as a task of its own, which the caller only waits for:
     /// dropped at one of its `.await`s (an HTTP client that hangs up on its
     /// DELETE drops the call), it would stop there, with the sandbox out of
-    /// the live map but half torn down and never recorded ended.
+    /// the live map, its end not counted and, for a VM, its teardown cut
+    /// short (QEMU killed, its directory, cgroup and uid left).
     async fn end(&self, id: &str, reason: EndReason, message: Option<String>) -> Result<SandboxInfo> {
         let (node, owned_id) = (self.clone(), id.to_string());
         let call = if reason == EndReason::Deleted { "delete" } else { "end" };
@@ -1749,8 +1750,6 @@ fn base_env(sandbox_env: &BTreeMap<String, String>) -> BTreeMap<String, String> 
     env
 }
 
-/// The outcome of a task on the blocking pool; a task that panicked is an
-/// internal error.
 /// Counts (and logs) a call whose caller stopped waiting for it before it
 /// finished, when dropped before `done`.
 struct AbandonWatch<'a> {
@@ -1769,6 +1768,8 @@ impl Drop for AbandonWatch<'_> {
     }
 }
 
+/// The outcome of a task on the blocking pool; a task that panicked is an
+/// internal error.
 fn joined<T>(outcome: std::result::Result<Result<T>, tokio::task::JoinError>) -> Result<T> {
     outcome.map_err(|e| NodeError::Internal(format!("store task: {e}")))?
 }
