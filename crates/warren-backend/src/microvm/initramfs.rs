@@ -58,11 +58,17 @@ pub fn build(init_binary: &Path, modules_dir: &Path, modules: &[&str], dest: &Pa
         archive.file(order_file, 0o644, order.as_bytes());
     }
     let bytes = archive.finish();
+    write_replacing(dest, &bytes).map_err(|e| io_err("write", dest, e))
+}
+
+/// Writes `bytes` to `dest` through a temporary file beside it, synced and
+/// renamed over `dest`: a reader (a QEMU booting a guest) never sees half
+/// a file, and a failed write leaves no temporary behind.
+pub(super) fn write_replacing(dest: &Path, bytes: &[u8]) -> io::Result<()> {
     let tmp = PathBuf::from(format!("{}.tmp{}", dest.display(), std::process::id()));
-    let written = fs::File::create(&tmp).and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()));
-    written.and_then(|()| fs::rename(&tmp, dest)).map_err(|e| {
+    let written = fs::File::create(&tmp).and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()));
+    written.and_then(|()| fs::rename(&tmp, dest)).inspect_err(|_| {
         let _ = fs::remove_file(&tmp);
-        io_err("write", dest, e)
     })
 }
 

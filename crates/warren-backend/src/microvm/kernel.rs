@@ -10,10 +10,10 @@
 //! A kernel this cannot unpack is booted as it is.
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
-use super::initramfs::{le_u16, le_u32, le_u64, loadable_end};
+use super::initramfs::{le_u16, le_u32, le_u64, loadable_end, write_replacing};
 use crate::{BackendError, Result};
 
 /// The compressions a bzImage's payload may use: its magic and the tool
@@ -35,12 +35,7 @@ pub fn extract(bzimage: &Path, dest: &Path) -> Result<()> {
         .filter_map(|(at, tool)| decompress(tool, &image[at..]))
         .find(|elf| loadable_end(elf).is_some() && has_pvh_note(elf))
         .ok_or_else(|| BackendError::Setup(format!("no PVH-bootable vmlinux inside {}", bzimage.display())))?;
-    let tmp = PathBuf::from(format!("{}.tmp{}", dest.display(), std::process::id()));
-    let written = std::fs::File::create(&tmp).and_then(|mut f| f.write_all(&elf).and_then(|()| f.sync_all()));
-    written.and_then(|()| std::fs::rename(&tmp, dest)).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        BackendError::io(format!("write {}", dest.display()), e)
-    })
+    write_replacing(dest, &elf).map_err(|e| BackendError::io(format!("write {}", dest.display()), e))
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
