@@ -10,18 +10,9 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 use warren_api::{EndReason, ErrorCode, ExecList, ExecRequest, ExecStatus, NodeStats};
-use warren_tests::prometheus::{parse, Scrape};
 use warren_tests::*;
 
 const POOL: &str = "image=busybox,cpus=1,memory_mib=128,disk_mib=64,pids=256,size=1";
-
-async fn scrape(server: &TestServer) -> Scrape {
-    let answer = server.http.get(format!("{}/metrics", server.url)).send().await.expect("GET /metrics");
-    assert_eq!(answer.status(), StatusCode::OK);
-    let content_type = answer.headers()[CONTENT_TYPE].to_str().unwrap_or_default().to_string();
-    assert!(content_type.starts_with("text/plain; version=0.0.4"), "content type {content_type}");
-    parse(&answer.text().await.expect("the metrics text"))
-}
 
 async fn stats(server: &TestServer) -> NodeStats {
     let (status, body) = server.call(Method::GET, "/v1/stats", None).await;
@@ -52,7 +43,7 @@ fn execs(status: &str) -> String {
 #[tokio::test]
 async fn metrics_count_creates_execs_events_and_ends() {
     let server = TestServer::start_with(&["--pool", POOL]).await;
-    let before = scrape(&server).await;
+    let before = server.scrape().await;
     assert_eq!(before.must(RUNNING), 0.0);
     assert_eq!(before.must("warren_admission_queue_depth"), 0.0);
     assert!(before.must(r#"warren_pool_idle_sandboxes{image="busybox"}"#) <= 1.0, "a pool of size 1");
@@ -90,7 +81,7 @@ async fn metrics_count_creates_execs_events_and_ends() {
     let (status, body) = server.call(Method::GET, &format!("/v1/sandboxes/{}/events", pooled.id), None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
 
-    let during = scrape(&server).await;
+    let during = server.scrape().await;
     assert_eq!(during.get(FRESH_OK) - before.get(FRESH_OK), fresh_creates);
     assert_eq!(during.get(POOL_OK) - before.get(POOL_OK), 1.0);
     assert_eq!(during.get(FRESH_SECONDS) - before.get(FRESH_SECONDS), fresh_creates, "failed creates have no latency");
@@ -138,7 +129,7 @@ async fn metrics_count_creates_execs_events_and_ends() {
     let short = server.create(small(json!({"memory_mib": 96, "lifetime_secs": 1}))).await;
     let ended = server.wait_ended(&short.id, Duration::from_secs(30)).await;
     assert_eq!(ended.end_reason, Some(EndReason::Lifetime));
-    let after = scrape(&server).await;
+    let after = server.scrape().await;
     assert_eq!(after.must(RUNNING), 0.0);
     assert_eq!(after.get(ROOT_RUNNING), 0.0, "a project with no live sandbox has no series");
     assert_eq!(after.sum("warren_project_sandboxes", &[]), 0.0);

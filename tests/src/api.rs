@@ -182,10 +182,12 @@ impl TestServer {
         drop(conn);
     }
 
-    /// One scrape of `GET /metrics`.
+    /// One scrape of `GET /metrics`, in the Prometheus text format.
     pub async fn scrape(&self) -> crate::prometheus::Scrape {
         let answer = self.http.get(format!("{}/metrics", self.url)).send().await.expect("GET /metrics");
         assert_eq!(answer.status(), StatusCode::OK);
+        let content_type = answer.headers()[reqwest::header::CONTENT_TYPE].to_str().unwrap_or_default().to_string();
+        assert!(content_type.starts_with("text/plain; version=0.0.4"), "content type {content_type}");
         crate::prometheus::parse(&answer.text().await.expect("the metrics text"))
     }
 
@@ -257,15 +259,9 @@ impl TestServer {
     /// Polls `GET` (which does not count as activity) until the sandbox has
     /// ended, at most `within`.
     pub async fn wait_ended(&self, id: &str, within: Duration) -> SandboxInfo {
-        let deadline = Instant::now() + within;
-        loop {
-            let info = self.get(id).await;
-            if info.state == SandboxState::Ended {
-                return info;
-            }
-            assert!(Instant::now() < deadline, "sandbox {id} still {:?} after {within:?}", info.state);
-            sleep(Duration::from_millis(100)).await;
-        }
+        let info = self.poll_ended(id, within).await;
+        assert_eq!(info.state, SandboxState::Ended, "sandbox {id} still {:?} after {within:?}", info.state);
+        info
     }
 
     // ---- exec ----------------------------------------------------------------
